@@ -465,12 +465,55 @@ static sp_status_t nccl_status(ncclResult_t r, ncclComm_t comm, const char *what
                      last && *last ? ": " : "", last ? last : "");
 }
 
+/* Wait for a nonblocking NCCL call's outcome: r is what the call returned; while it is
+ * ncclInProgress, `watch` (the communicator the call runs on) says the outcome through
+ * ncclCommGetAsyncError (NCCL 2.28.9 src/init.cc:2706-2711; set at the job's end, src/group.cc:
+ * 608-612). Bounded by `end` (sp__now_ns; 0: none): *late says the deadline came first. */
+static sp_status_t nccl_settle(ncclResult_t r, ncclComm_t watch, uint64_t end, const char *what,
+                               bool *late) {
+    long pause_ns = 20000; /* the first polls come soon: a set-up often ends within ms */
+    while (r == ncclInProgress && watch) {
+        ncclResult_t q = ncclInProgress;
+        ncclResult_t g = ncclCommGetAsyncError(watch, &q);
+        if (g != ncclSuccess)
+            return nccl_status(g, NULL, "ncclCommGetAsyncError");
+        r = q;
+        if (r != ncclInProgress)
+            break;
+        if (end && sp__now_ns() >= end) {
+            *late = true;
+            return SP_ERR_TIMEOUT; /* the caller says what (it knows which rank failed) */
+        }
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL);
+        if (pause_ns < 10000000)
+            pause_ns *= 2;
+    }
+    return nccl_status(r, NULL, what);
+}
+
 /* Rank 0 makes the unique id and broadcasts it together with its status, so a failure there
- * fails every rank instead of leaving them waiting in ncclCommInitRank. ncclCommInitRank is
- * itself collective and blocks inside NCCL where no deadline reaches, so every rank first
- * agrees that every rank has its device set (a rank whose device set-up failed would otherwise
- * leave the others there forever), and afterwards that every rank has a communicator; on any
- * failure a communicator is aborted (ncclCommAbort: ncclCommDestroy could wait for peers). */
+ * fails every rank instead of leaving them waiting in NCCL. Every rank then agrees that every
+ * rank has its device set (a rank whose device set-up failed never joins NCCL's set-up).
+ *
+ * NCCL's set-up is collective and, blocking, waits inside NCCL where no deadline reaches: a rank
+ * whose set-up fails locally (a bad NCCL_SOCKET_IFNAME, out of memory, a CUDA error) left its
+ * peers in NCCL's bootstrap for good while it waited for them in the MPI_Allreduce below. So it
+ * runs nonblocking (ncclConfig_t.blocking = 0: the call returns ncclInProgress and its outcome
+ * comes through ncclCommGetAsyncError), bounded by SYMPOOL_SYM_TIMEOUT, and a rank that fails or
+ * reaches the deadline aborts what it has (ncclCommAbort stops a pending set-up and joins it:
+ * src/init.cc:2513-2519, :376-377) and meets the others in the MPI_Allreduce, where every rank
+ * learns the outcome and which rank failed.
+ *
+ * A nonblocking communicator stays nonblocking (config.blocking is set only at creation:
+ * src/init.cc:1936, :1647-1649): every later collective and window registration on it would run
+ * on a thread of NCCL's and may return ncclInProgress (src/group.cc:706-738, src/enqueue.cc:
+ * 2658, src/dev_runtime.cc:891-919), and a call made before the previous one settled fails
+ * (src/init.cc:373-390). So the world's communicator is a blocking child of the
+ * nonblocking one: ncclCommSplit with blocking = 1 runs as its parent's job, nonblocking like
+ * every job on that parent (src/group.cc:52-59, init.cc:2626), its outcome in the parent's
+ * state and the child in *newcomm once complete (src/init.cc:1612-1614), and the child takes the
+ * config given (init.cc:2598-2601). The parent is destroyed once every rank has the child. */
 static sp_status_t nccl_bootstrap(sp_world_t *w) {
     struct {
         int ok;
@@ -497,26 +540,68 @@ static sp_status_t nccl_bootstrap(sp_world_t *w) {
     }
     int ok = st == SP_SUCCESS, all = 0;
     SP_CHECK(sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
-                                  "MPI_Allreduce before ncclCommInitRank"));
+                                  "MPI_Allreduce before ncclCommInitRankConfig"));
     if (!all)
         return st != SP_SUCCESS ? st
                                 : sp__error(SP_ERR_DEVICE, SP_SUB_BOOT,
                                             "another rank could not set its device up, so no "
-                                            "rank enters ncclCommInitRank");
-    ncclComm_t comm = NULL;
-    st = nccl_status(ncclCommInitRank(&comm, w->size, msg.id, w->rank), NULL, "ncclCommInitRank");
-    ok = st == SP_SUCCESS;
-    sp_status_t mst = sp__world_mpi_status(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, w->comm),
-                                           "MPI_Allreduce after NCCL init");
-    if (mst == SP_SUCCESS && all)
+                                            "rank enters NCCL's set-up");
+    double limit = sp__agree_timeout_s();
+    uint64_t end = limit > 0.0 ? sp__now_ns() + (uint64_t)(limit * 1e9) : 0;
+    bool late = false;
+    const char *step = "ncclCommInitRankConfig";
+    ncclComm_t init = NULL, comm = NULL;
+    ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+    nb.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&init, w->size, msg.id, w->rank, &nb);
+    st = nccl_settle(r, init, end, step, &late);
+    if (st == SP_SUCCESS) {
+        step = "ncclCommSplit";
+        ncclConfig_t bl = NCCL_CONFIG_INITIALIZER;
+        bl.blocking = 1;
+        r = ncclCommSplit(init, 0, w->rank, &comm, &bl);
+        st = nccl_settle(r, init, end, step, &late);
+        if (st == SP_SUCCESS && !comm)
+            st = sp__error(SP_ERR_NCCL, SP_SUB_BOOT, "ncclCommSplit made no communicator");
+    }
+    /* MAXLOC over {0 ok, 1 at the deadline, 2 failed here}: the lowest rank of the worst. */
+    int mine[2] = {st == SP_SUCCESS ? 0 : late ? 1 : 2, w->rank}, worst[2] = {0, 0};
+    sp_status_t mst =
+        sp__world_mpi_status(MPI_Allreduce(mine, worst, 1, MPI_2INT, MPI_MAXLOC, w->comm),
+                             "MPI_Allreduce after NCCL's set-up");
+    if (mst == SP_SUCCESS && worst[0] == 0) {
         __atomic_store_n(&w->nccl_comm, (void *)comm, __ATOMIC_RELEASE);
-    else {
+        /* The child holds resources of its own (splitShare unset); a blocking destroy
+         * (destroyFlag makes the group blocking: src/group.cc:52-53), local. */
+        r = ncclCommDestroy(init);
+        if (r != ncclSuccess) {
+            SP_WARN(SP_SUB_BOOT, "ncclCommDestroy of the set-up communicator failed (%s); aborted",
+                    ncclGetErrorString(r));
+            ncclCommAbort(init);
+        }
+    } else {
         if (comm)
             ncclCommAbort(comm);
-        if (st == SP_SUCCESS)
-            st = mst != SP_SUCCESS ? mst
-                                   : sp__error(SP_ERR_NCCL, SP_SUB_BOOT,
-                                               "ncclCommInitRank failed on another rank");
+        if (init)
+            ncclCommAbort(init); /* also a set-up still in progress (see above) */
+        if (late) {
+            char why[96];
+            if (mst != SP_SUCCESS)
+                snprintf(why, sizeof why, "the ranks could not compare their outcomes");
+            else if (worst[0] == 2)
+                snprintf(why, sizeof why, "it failed on rank %d", worst[1]);
+            else
+                snprintf(why, sizeof why, "no rank saw it fail (rank %d waited too)", worst[1]);
+            st = sp__error(SP_ERR_TIMEOUT, SP_SUB_BOOT,
+                           "NCCL's set-up: %s did not complete within %g s (SYMPOOL_SYM_TIMEOUT): "
+                           "%s",
+                           step, limit, why);
+        } else if (st == SP_SUCCESS)
+            st = mst != SP_SUCCESS
+                     ? mst
+                     : sp__error(SP_ERR_NCCL, SP_SUB_BOOT, "NCCL's set-up failed on rank %d (%s)",
+                                 worst[1],
+                                 worst[0] == 2 ? "an error there" : "its deadline came first");
     }
     SP_INFO(SP_SUB_BOOT, "NCCL communicator: %s (%d ranks, device %d)",
             st == SP_SUCCESS ? "ready" : "failed", w->size, w->device);

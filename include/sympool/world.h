@@ -33,9 +33,11 @@ typedef struct sp_world sp_world_t;
  * communicator, finds the local rank, picks the device by local rank and on cuda
  * creates the NCCL communicator from an id rank 0 makes and broadcasts. Bounded by
  * SYMPOOL_SYM_TIMEOUT like every collective call: a rank that never comes (or, for
- * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it.
- * Ranks on different backends (SYMPOOL_DEVICE, or auto where some ranks see no GPU) are
- * SP_ERR_DEVICE on every rank.
+ * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it,
+ * and so is NCCL's set-up failing on one rank (a bad NCCL_SOCKET_IFNAME, out of memory): that
+ * rank's SP_ERR_NCCL, SP_ERR_TIMEOUT naming it on the others at their deadline (NCCL would wait
+ * for it for good), after which a new world can be made. Ranks on different backends
+ * (SYMPOOL_DEVICE, or auto where some ranks see no GPU) are SP_ERR_DEVICE on every rank.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_DEVICE,
  * SP_ERR_TIMEOUT.
  */

@@ -3,9 +3,9 @@
  * declares it), for the functions sympool calls. A test tool, never installed.
  *
  * Transport: a communicator is a POSIX shared-memory segment named after the unique id's bytes
- * ("/cudadbl-<hex>"), joined by every rank of ncclCommInitRank on this machine; ranks meet in a
- * futex barrier in the segment, and a collective moves data through per-rank slots of it, chunk
- * by chunk, each rank reading device memory through the doubles' own copies (dbl_copy). The
+ * ("/cudadbl-<hex>"), joined by every rank of the communicator's init on this machine; ranks meet
+ * in a futex barrier in the segment, and a collective moves data through per-rank slots of it,
+ * chunk by chunk, each rank reading device memory through the doubles' own copies (dbl_copy). The
  * collectives run when called (NCCL would enqueue them): every rank must call the same
  * collectives in the same order, which sympool does (it never groups calls). A rank that
  * disagrees (another collective, count, type or op) fails every rank with ncclInvalidUsage; a
@@ -25,6 +25,13 @@
  * granularity, and freed with its last window), so a symmetric collective whose buffers lie at
  * different places of that space on different ranks fails with ncclInvalidArgument, as 2.30's
  * NCCL_CHECK_MODE=DEBUG_GLOBAL fails it (NVLS's multimem kernels would reach the wrong memory).
+ *
+ * Nonblocking communicators (ncclConfig_t.blocking = 0): ncclCommInitRankConfig and a split of
+ * a nonblocking parent run their set-up on a thread of their own and return ncclInProgress, the
+ * outcome coming through ncclCommGetAsyncError; ncclCommAbort stops and joins a set-up under
+ * way. Nothing else runs on a nonblocking communicator here (collectives and windows would return
+ * ncclInProgress in NCCL): the double refuses them, saying so. A split makes one child of the
+ * parent's ranks in their order (sympool's use), on a segment of its own.
  *
  * Every failure returns NCCL's code, says why on stderr and keeps the text for ncclGetLastError.
  */
@@ -57,6 +64,7 @@
 #define SLOT ((size_t)1 << 20) /* bytes per rank per chunk */
 #define COMM_MAGIC 0x6e63636c636f6d6dULL
 #define WIN_MAGIC 0x6e63636c77696e64ULL
+#define CONFIG_MAGIC 0xcafebeefu /* NCCL_CONFIG_INITIALIZER's (NCCL_API_MAGIC, src/nccl.h.in) */
 
 typedef struct shm_hdr {
     _Atomic uint32_t arrive; /* ranks in the current barrier */
@@ -106,6 +114,14 @@ struct ncclComm {
     void *own_mem;          /* the communicator's own device memory (CUDA_DOUBLE_NCCL_MEMORY) */
     int64_t wins_made;      /* windows registered so far (win_t.seq) */
     bigmem_t *mems;         /* the allocations its windows lie in (g_mu) */
+    ncclUniqueId id;        /* what it was made from: its split children's ids derive from it */
+    int children;           /* its ncclCommSplit calls so far (2.28.9's splitCount) */
+    int blocking;           /* its config.blocking, fixed at creation (see comm_setup) */
+    _Atomic int state;      /* comm->asyncResult: what ncclCommGetAsyncError says */
+    _Atomic int abort_flag; /* set by ncclCommAbort: a job still running on it gives up */
+    struct ncclComm *pending_child; /* a split under way on it (g_mu) */
+    pthread_t job;                  /* the thread of its last nonblocking job */
+    bool has_job;                   /* job not joined yet */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -229,6 +245,8 @@ static double now_s(void) {
 /* Every rank of the communicator here, or an error on every waiting rank. */
 static ncclResult_t barrier(struct ncclComm *c, const char *fn) {
     shm_hdr_t *h = c->shm;
+    if (atomic_load(&c->abort_flag)) /* aborted: it arrives nowhere any more */
+        return fail(fn, ncclInternalError, "rank %d: aborted by ncclCommAbort", c->rank);
     uint32_t g = atomic_load(&h->gen);
     if (atomic_fetch_add(&h->arrive, 1) == (uint32_t)c->nranks - 1) {
         atomic_store(&h->arrive, 0);
@@ -238,6 +256,10 @@ static ncclResult_t barrier(struct ncclComm *c, const char *fn) {
     }
     double end = now_s() + timeout_s();
     while (atomic_load(&h->gen) == g) {
+        /* ncclCommAbort on this rank while a job of it waits (2.28.9 src/init.cc:2513-2519 sets
+         * the abort flags, which the job's waits poll, then joins it). */
+        if (atomic_load(&c->abort_flag))
+            return fail(fn, ncclInternalError, "rank %d: aborted by ncclCommAbort", c->rank);
         if (atomic_load(&h->aborted))
             return fail(fn, ncclRemoteError, "rank %d: a peer aborted the communicator", c->rank);
         if (now_s() > end)
@@ -252,7 +274,7 @@ static ncclResult_t barrier(struct ncclComm *c, const char *fn) {
 
 static void shm_name(const ncclUniqueId *id, char *buf, size_t len) {
     int n = snprintf(buf, len, "/cudadbl-");
-    for (int i = 0; i < 16 && (size_t)n + 2 < len; i++)
+    for (int i = 0; i < 18 && (size_t)n + 2 < len; i++) /* 16 random bytes, 2 of a split's */
         n += snprintf(buf + n, len - (size_t)n, "%02x", (unsigned char)id->internal[i]);
 }
 
@@ -338,38 +360,27 @@ static bool comm_ok(ncclComm_t c) {
     return c && c->magic == COMM_MAGIC;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
-    ENTER("ncclCommInitRank");
-    if (!out)
-        return fail("ncclCommInitRank", ncclInvalidArgument, "comm is NULL");
-    *out = NULL;
-    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
-        return fail("ncclCommInitRank", ncclInvalidArgument,
-                    "rank %d of %d (the double: at most %d)", rank, nranks, MAX_RANKS);
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess)
-        return fail("ncclCommInitRank", ncclUnhandledCudaError, "cudaGetDevice failed");
-    dbl_ctx_make(dev); /* NCCL works in the current device's primary context */
+/* The communicator's set-up on every rank (NCCL's ncclCommInitRankFunc): run by the caller of a
+ * blocking init, on a thread of its own for a nonblocking one, and by a split's job. c holds its
+ * rank, size, device and id; on failure nothing of the segment stays with it. */
+static ncclResult_t init_body(struct ncclComm *c, const char *fn) {
+    const int rank = c->rank, nranks = c->nranks, dev = c->dev;
     char name[64];
-    shm_name(&id, name, sizeof name);
+    shm_name(&c->id, name, sizeof name);
     size_t size = sizeof(shm_hdr_t) + (size_t)nranks * SLOT;
     int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
     if (fd < 0)
-        return fail("ncclCommInitRank", ncclSystemError, "shm_open(%s): %s", name, strerror(errno));
+        return fail(fn, ncclSystemError, "shm_open(%s): %s", name, strerror(errno));
     if (ftruncate(fd, (off_t)size) != 0) {
         close(fd);
-        return fail("ncclCommInitRank", ncclSystemError, "ftruncate: %s", strerror(errno));
+        return fail(fn, ncclSystemError, "ftruncate: %s", strerror(errno));
     }
     shm_hdr_t *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (h == MAP_FAILED)
-        return fail("ncclCommInitRank", ncclSystemError, "mmap: %s", strerror(errno));
-    struct ncclComm *c = calloc(1, sizeof *c);
-    if (!c) {
-        munmap(h, size);
-        return fail("ncclCommInitRank", ncclSystemError, "host memory");
-    }
-    *c = (struct ncclComm){COMM_MAGIC, rank, nranks, dev, h, size};
+        return fail(fn, ncclSystemError, "mmap: %s", strerror(errno));
+    c->shm = h;
+    c->shm_size = size;
     size_t own = comm_memory();
     bool own_ok = own == 0 || dbl_mem_alloc(dev, own, &c->own_mem) == 0;
     h->dev[rank] =
@@ -377,25 +388,24 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     h->host[rank] = host_hash();
     h->arg[rank][0] = own_ok ? nranks : -1; /* -1: this rank could not take its memory */
     atomic_fetch_add(&h->joined, 1);
-    ncclResult_t r = barrier(c, "ncclCommInitRank");
+    ncclResult_t r = barrier(c, fn);
     if (rank == 0)
         shm_unlink(name); /* every rank has it mapped now (or never comes) */
     if (r != ncclSuccess) {
         release_own(c);
         munmap(h, size);
-        free(c);
+        c->shm = NULL;
         return r;
     }
     for (int i = 0; i < nranks && r == ncclSuccess; i++)
         if (h->arg[i][0] == -1)
-            r = fail("ncclCommInitRank", i == rank ? ncclUnhandledCudaError : ncclRemoteError,
+            r = fail(fn, i == rank ? ncclUnhandledCudaError : ncclRemoteError,
                      "rank %d could not allocate the communicator's %zu bytes of device memory", i,
                      own);
     for (int i = 0; i < nranks && r == ncclSuccess; i++)
         if (h->arg[i][0] != nranks) {
-            r = fail("ncclCommInitRank", ncclInvalidUsage,
-                     "rank %d says %lld ranks, rank %d says %d", i, (long long)h->arg[i][0], rank,
-                     nranks);
+            r = fail(fn, ncclInvalidUsage, "rank %d says %lld ranks, rank %d says %d", i,
+                     (long long)h->arg[i][0], rank, nranks);
             break;
         }
     /* NCCL refuses two ranks of one communicator on one GPU of one host (2.28.9 src/init.cc:
@@ -404,7 +414,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     for (int i = 0; i < nranks && r == ncclSuccess; i++)
         for (int j = i + 1; j < nranks && r == ncclSuccess; j++)
             if (h->host[i] == h->host[j] && h->dev[i] == h->dev[j])
-                r = fail("ncclCommInitRank", ncclInvalidUsage,
+                r = fail(fn, ncclInvalidUsage,
                          "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", i,
                          j, h->dev[i]);
     /* nNodes counts distinct host hashes. symmetricSupport is isAllCudaP2p (CUDA P2P between
@@ -432,17 +442,282 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     long long cumem = nccl_param("NCCL_CUMEM_ENABLE", -2);
     c->symmetric_support =
         all_p2p && nccl_param("NCCL_WIN_ENABLE", 1) != 0 && (cumem > 0 || cumem == -2);
-    ncclResult_t r2 = barrier(c, "ncclCommInitRank"); /* nobody reuses arg[] before all checked */
+    ncclResult_t r2 = barrier(c, fn); /* nobody reuses arg[] before all checked */
     if (r == ncclSuccess)
         r = r2;
     if (r != ncclSuccess) {
         release_own(c);
         munmap(h, size);
-        free(c);
+        c->shm = NULL;
+    }
+    return r;
+}
+
+/* A thread's job (NCCL's ncclAsyncJob) on a nonblocking communicator. */
+typedef struct {
+    struct ncclComm *c;     /* the communicator whose state says the job's outcome */
+    struct ncclComm *child; /* a split's new communicator, NULL for an init */
+    ncclComm_t *out;        /* a split's newcomm */
+    int color, key;
+} job_t;
+
+static ncclResult_t split_body(job_t *j);
+
+static void *job_main(void *arg) {
+    job_t *j = arg;
+    ncclResult_t r = j->child ? split_body(j) : init_body(j->c, "ncclCommInitRankConfig");
+    /* The job's result becomes the communicator's state at its end (2.28.9 src/group.cc:608-612
+     * and :628-630, ncclCommSetAsyncError; read with acquire by ncclCommGetAsyncError,
+     * src/init.cc:2710). */
+    atomic_store_explicit(&j->c->state, (int)r, memory_order_release);
+    free(j);
+    return NULL;
+}
+
+/* The previous job on c has ended (its state is no longer ncclInProgress): joined here. */
+static void join_job(struct ncclComm *c) {
+    if (c->has_job) {
+        pthread_join(c->job, NULL);
+        c->has_job = false;
+    }
+}
+
+/* Run j: where the communicator the job is launched on is nonblocking and the call groups its job
+ * (in_group), on a thread of its own, with that communicator's state ncclInProgress until the job
+ * ends, returning ncclInProgress (2.28.9 src/group.cc:706-738: a nonblocking group sets
+ * ncclInProgress on its communicators, starts ncclAsyncJobMain on a thread and returns
+ * ncclInProgress); otherwise in the caller (a job launched outside any group runs at once:
+ * src/group.cc:37-40). */
+static ncclResult_t launch(const char *fn, job_t *j, bool in_group) {
+    struct ncclComm *c = j->c;
+    if (c->blocking || !in_group) {
+        ncclResult_t r = j->child ? split_body(j) : init_body(c, fn);
+        free(j);
         return r;
     }
-    *out = c;
+    join_job(c);
+    atomic_store(&c->state, (int)ncclInProgress);
+    int e = pthread_create(&c->job, NULL, job_main, j);
+    if (e != 0) {
+        atomic_store(&c->state, (int)ncclSystemError);
+        free(j);
+        return fail(fn, ncclSystemError, "pthread_create: %s", strerror(e));
+    }
+    c->has_job = true;
+    return ncclInProgress;
+}
+
+/* A config's blocking as 2.28.9 reads it (src/init.cc parseCommConfig): a config not made with
+ * NCCL_CONFIG_INITIALIZER is ncclInvalidArgument (:1818-1822), blocking other than 0, 1 or
+ * unset too (:1853-1857), unset is 1 (:1919); NCCL_COMM_BLOCKING of 0 or 1 overrides it for
+ * every communicator, a split's child too (envConfigOverride, :1647-1649, called from :1950
+ * and from copyCommConfig, :1800). -1: refused. */
+static int config_blocking(const char *fn, const ncclConfig_t *cfg, int dflt) {
+    int b = dflt;
+    if (cfg) {
+        if (cfg->magic != CONFIG_MAGIC) {
+            fail(fn, ncclInvalidArgument,
+                 "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER");
+            return -1;
+        }
+        if (cfg->blocking != NCCL_CONFIG_UNDEF_INT && cfg->blocking != 0 && cfg->blocking != 1) {
+            fail(fn, ncclInvalidArgument, "Invalid config blocking attribute value %d",
+                 cfg->blocking);
+            return -1;
+        }
+        b = cfg->blocking == NCCL_CONFIG_UNDEF_INT ? 1 : cfg->blocking;
+    }
+    long long env = nccl_param("NCCL_COMM_BLOCKING", NCCL_CONFIG_UNDEF_INT);
+    return env == 0 || env == 1 ? (int)env : b;
+}
+
+/* ncclCommInitRank and ncclCommInitRankConfig (2.28.9 src/init.cc ncclCommInitRankDev). Only
+ * ncclCommInitRankConfig opens a group around it (src/init.cc:2149, :2162): ncclCommInitRank's
+ * init runs in the caller whatever its blocking. */
+static ncclResult_t comm_init(const char *fn, ncclComm_t *out, int nranks, ncclUniqueId id,
+                              int rank, int blocking, bool in_group) {
+    if (!out)
+        return fail(fn, ncclInvalidArgument, "comm is NULL");
+    *out = NULL;
+    if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
+        return fail(fn, ncclInvalidArgument, "rank %d of %d (the double: at most %d)", rank, nranks,
+                    MAX_RANKS);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) /* the caller's device (src/init.cc:2152) */
+        return fail(fn, ncclUnhandledCudaError, "cudaGetDevice failed");
+    dbl_ctx_make(dev); /* NCCL works in the current device's primary context */
+    struct ncclComm *c = calloc(1, sizeof *c);
+    job_t *j = calloc(1, sizeof *j);
+    if (!c || !j) {
+        free(c);
+        free(j);
+        return fail(fn, ncclSystemError, "host memory");
+    }
+    c->magic = COMM_MAGIC;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->dev = dev;
+    c->id = id;
+    c->blocking = blocking;
+    j->c = c;
+    ncclResult_t r = launch(fn, j, in_group);
+    if (r == ncclSuccess || r == ncclInProgress) {
+        /* A nonblocking init hands the communicator out at once, still in progress
+         * (src/init.cc:2000-2001, before the job runs). */
+        *out = c;
+        return r;
+    }
+    /* Failed with no job left running: it is freed and *newcomm stays NULL (an early failure,
+     * src/init.cc:2032-2040, and the double's blocking init). */
+    c->magic = 0;
+    free(c);
+    return r;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+    ENTER("ncclCommInitRank");
+    /* The default config (src/init.cc ncclCommInitRank): blocking, unless NCCL_COMM_BLOCKING. */
+    int blocking = config_blocking("ncclCommInitRank", NULL, 1);
+    return comm_init("ncclCommInitRank", out, nranks, id, rank, blocking, false);
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+    ENTER("ncclCommInitRankConfig");
+    if (out)
+        *out = NULL;
+    int blocking = config_blocking("ncclCommInitRankConfig", config, 1); /* NULL: default */
+    if (blocking < 0)
+        return ncclInvalidArgument;
+    return comm_init("ncclCommInitRankConfig", out, nranks, id, rank, blocking, true);
+}
+
+/* 2.28.9 src/init.cc:2706-2711: the communicator's asyncResult. */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *r) {
+    if (!comm_ok(c))
+        return fail("ncclCommGetAsyncError", ncclInvalidArgument, "not a live communicator");
+    if (!r)
+        return fail("ncclCommGetAsyncError", ncclInvalidArgument, "asyncError is NULL");
+    *r = (ncclResult_t)atomic_load_explicit(&c->state, memory_order_acquire);
     return ncclSuccess;
+}
+
+/* A communicator in use by another call is refused (2.28.9 src/init.cc:373-390
+ * ncclCommEnsureReady, which collectives (src/enqueue.cc:2637), window registrations
+ * (src/dev_runtime.cc:904), ncclCommDestroy (:2381) and ncclCommSplit (:2568) call): a previous
+ * nonblocking call still in progress is ncclInvalidArgument, a failed one its error. The double
+ * runs nothing on a nonblocking communicator but splits and its own end: NCCL would run every
+ * such call on a thread of its own and return ncclInProgress (src/group.cc:706-738; a
+ * collective: src/enqueue.cc:2658), which sympool, whose world communicator is blocking,
+ * never waits for. */
+static ncclResult_t ready(const char *fn, struct ncclComm *c, bool any_mode) {
+    ncclResult_t st = (ncclResult_t)atomic_load_explicit(&c->state, memory_order_acquire);
+    if (st == ncclInProgress)
+        return fail(fn, ncclInvalidArgument,
+                    "Attempt to use communicator before the previous operation returned "
+                    "ncclSuccess");
+    if (st != ncclSuccess)
+        return fail(fn, st, "the communicator's last nonblocking operation failed (%s)",
+                    res_name(st));
+    if (!any_mode && !c->blocking)
+        return fail(fn, ncclInvalidUsage,
+                    "a nonblocking communicator: NCCL would return ncclInProgress and run the "
+                    "call on a thread (the double does not model that)");
+    return ncclSuccess;
+}
+
+/* One split's work on every rank of the parent (src/init.cc ncclCommInitRankFunc with a parent):
+ * the colors and keys meet in the parent's segment, then the child is made as an init is, on a
+ * segment named after the parent's id and its split count (the same on every rank: every rank
+ * splits the parent in the same order). The double makes one child of the parent's ranks in the
+ * parent's order: one color, keys in rank order. */
+static ncclResult_t split_body(job_t *j) {
+    static const char fn[] = "ncclCommSplit";
+    struct ncclComm *p = j->c, *child = j->child;
+    shm_hdr_t *h = p->shm;
+    h->arg[p->rank][0] = j->color;
+    h->arg[p->rank][1] = j->key;
+    ncclResult_t r = barrier(p, fn);
+    const bool met = r == ncclSuccess; /* a barrier only after a met one: a rank that left the
+                                        * first must not count in the second */
+    for (int i = 0; i < p->nranks && r == ncclSuccess; i++) {
+        if (h->arg[i][0] != j->color)
+            r = fail(fn, ncclInvalidUsage,
+                     "rank %d gives color %lld, rank %d color %d (the double makes one child)", i,
+                     (long long)h->arg[i][0], p->rank, j->color);
+        else if (i > 0 && h->arg[i][1] < h->arg[i - 1][1])
+            r = fail(fn, ncclInvalidUsage,
+                     "keys out of the parent's rank order (the double keeps its order)");
+    }
+    if (met) { /* every rank checked: nobody reuses arg[] before all did */
+        ncclResult_t r2 = barrier(p, fn);
+        if (r == ncclSuccess)
+            r = r2;
+    }
+    if (r == ncclSuccess)
+        r = init_body(child, fn);
+    pthread_mutex_lock(&g_mu);
+    p->pending_child = NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (r == ncclSuccess) {
+        /* *newcomm is set once the child is complete (src/init.cc:1612-1614), NULL before
+         * (:2571-2572). */
+        __atomic_store_n(j->out, child, __ATOMIC_RELEASE);
+    } else {
+        child->magic = 0;
+        free(child);
+    }
+    return r;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t p, int color, int key, ncclComm_t *out,
+                           ncclConfig_t *config) {
+    ENTER("ncclCommSplit");
+    if (!comm_ok(p))
+        return fail("ncclCommSplit", ncclInvalidArgument, "not a live communicator");
+    if (!out)
+        return fail("ncclCommSplit", ncclInvalidArgument, "newcomm is NULL");
+    ncclResult_t r = ready("ncclCommSplit", p, true);
+    if (r != ncclSuccess)
+        return r;
+    *out = NULL;
+    if (color == NCCL_SPLIT_NOCOLOR || color < 0)
+        return fail("ncclCommSplit", ncclInvalidArgument,
+                    "color %d (the double makes one child of every rank)", color);
+    /* The child's config: the one given, or the parent's (src/init.cc:2598-2601), with
+     * NCCL_COMM_BLOCKING over either. */
+    int blocking = config_blocking("ncclCommSplit", config, p->blocking);
+    if (blocking < 0)
+        return ncclInvalidArgument;
+    struct ncclComm *child = calloc(1, sizeof *child);
+    job_t *j = calloc(1, sizeof *j);
+    if (!child || !j) {
+        free(child);
+        free(j);
+        return fail("ncclCommSplit", ncclSystemError, "host memory");
+    }
+    dbl_ctx_make(p->dev);
+    child->magic = COMM_MAGIC;
+    child->rank = p->rank;
+    child->nranks = p->nranks;
+    child->dev = p->dev; /* the parent's device (src/init.cc:2624) */
+    child->blocking = blocking;
+    child->id = p->id;
+    child->id.internal[16] = (char)(++p->children); /* 2.28.9's splitCount (:2622) */
+    child->id.internal[17] = 1;
+    pthread_mutex_lock(&g_mu);
+    p->pending_child = child;
+    pthread_mutex_unlock(&g_mu);
+    j->c = p;
+    j->child = child;
+    j->out = out;
+    j->color = color;
+    j->key = key;
+    /* The job runs on the parent (src/init.cc:2626 launches it with the parent), so the
+     * parent's blocking decides whether the call waits (src/group.cc:52-59): a nonblocking
+     * parent's split returns ncclInProgress and says its outcome in the parent's state, while
+     * the child keeps its own config's blocking. */
+    return launch("ncclCommSplit", j, true); /* in a group: src/init.cc:2670, :2678 */
 }
 
 static win_t *g_all_wins; /* every live window (g_mu) */
@@ -468,7 +743,8 @@ static void comm_free(struct ncclComm *c) {
     pthread_mutex_unlock(&g_mu);
     c->magic = 0;
     release_own(c);
-    munmap(c->shm, c->shm_size);
+    if (c->shm) /* none after a failed init */
+        munmap(c->shm, c->shm_size);
     free(c);
 }
 
@@ -478,6 +754,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
         return ncclSuccess; /* NCCL returns success on a NULL comm */
     if (!comm_ok(c))
         return fail("ncclCommDestroy", ncclInvalidArgument, "not a live communicator");
+    /* ncclCommEnsureReady first (src/init.cc:2381): a communicator still in progress, or whose
+     * nonblocking init or split failed, is not destroyed (ncclCommAbort frees it). */
+    ncclResult_t st = ready("ncclCommDestroy", c, true);
+    if (st != ncclSuccess)
+        return st;
+    join_job(c);
     /* "always deregister windows before freeing memory or destroying communicators" (NCCL
      * 2.28.9 examples/05_symmetric_memory README): said loudly, then destroyed anyway. */
     bool has_wins = false;
@@ -500,8 +782,20 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
         return ncclSuccess;
     if (!comm_ok(c))
         return fail("ncclCommAbort", ncclInvalidArgument, "not a live communicator");
-    atomic_store(&c->shm->aborted, 1);
-    syscall(SYS_futex, &c->shm->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    /* A job still running on it (a nonblocking init or split) is stopped and joined first: the
+     * abort flags are set, a split's child's too, and ncclCommEnsureReady joins the job, its
+     * error ignored (2.28.9 src/init.cc:2513-2519, :2394-2402, :376-377). Its peers are left to
+     * their own deadline, as NCCL leaves them in its bootstrap. */
+    atomic_store(&c->abort_flag, 1);
+    pthread_mutex_lock(&g_mu);
+    if (c->pending_child)
+        atomic_store(&c->pending_child->abort_flag, 1);
+    pthread_mutex_unlock(&g_mu);
+    join_job(c);
+    if (c->shm) {
+        atomic_store(&c->shm->aborted, 1);
+        syscall(SYS_futex, &c->shm->gen, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    }
     comm_free(c);
     return ncclSuccess;
 }
@@ -706,6 +1000,9 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t c, void *buff, size_t size, ncclW
     ENTER("ncclCommWindowRegister");
     if (!comm_ok(c))
         return fail("ncclCommWindowRegister", ncclInvalidArgument, "not a live communicator");
+    ncclResult_t rr = ready("ncclCommWindowRegister", c, false);
+    if (rr != ncclSuccess)
+        return rr;
     if (!win)
         return fail("ncclCommWindowRegister", ncclInvalidArgument, "win is NULL");
     if (buff == NULL || size == 0)
@@ -781,6 +1078,9 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t c, ncclWindow_t win) {
     ENTER("ncclCommWindowDeregister");
     if (!comm_ok(c))
         return fail("ncclCommWindowDeregister", ncclInvalidArgument, "not a live communicator");
+    ncclResult_t rr = ready("ncclCommWindowDeregister", c, false);
+    if (rr != ncclSuccess)
+        return rr;
     pthread_mutex_lock(&g_mu);
     win_t **pp = &g_all_wins;
     while (*pp && *pp != win)
@@ -1198,6 +1498,9 @@ static ncclResult_t coll(int kind, const void *send, void *recv, size_t count, n
     const char *fn = k_names[kind];
     if (!comm_ok(c))
         return fail(fn, ncclInvalidArgument, "not a live communicator");
+    ncclResult_t rr = ready(fn, c, false);
+    if (rr != ncclSuccess)
+        return rr;
     size_t es = type_size(t);
     if (es == 0 || t == ncclFloat8e4m3 || t == ncclFloat8e5m2)
         return fail(fn, ncclInvalidArgument, "datatype %d (not modelled for fp8)", (int)t);

@@ -409,6 +409,65 @@ TEST(CudaDoubleNccl, AvgPremultipliesFloatsAndDividesIntegers) {
     }));
 }
 
+// The outcome of a nonblocking call on c: its async state once no longer ncclInProgress (NCCL's
+// way to learn it; the wait is the one the API offers).
+ncclResult_t settle(ncclComm_t c) {
+    ncclResult_t r = ncclInProgress;
+    while (ncclCommGetAsyncError(c, &r) == ncclSuccess && r == ncclInProgress)
+        std::this_thread::yield();
+    return r;
+}
+
+// A nonblocking init (ncclConfig_t.blocking = 0) returns ncclInProgress with the communicator
+// already handed out, and says its outcome through ncclCommGetAsyncError; nothing but a split
+// and its end runs on it in the double. Its split with blocking = 1 is nonblocking too (the job
+// runs on the parent), and the child, set only once complete, is blocking: collectives run.
+TEST(CudaDoubleNccl, NonblockingInitAndItsBlockingSplit) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    EXPECT_TRUE(ranks(2, [&](int r) {
+        cudaSetDevice(r);
+        ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+        nb.blocking = 0;
+        ncclComm_t p = nullptr, c = nullptr;
+        bool ok = ncclCommInitRankConfig(&p, 2, id, r, &nb) == ncclInProgress && p != nullptr &&
+                  settle(p) == ncclSuccess;
+        void *m = nullptr;
+        ok = ok && cudaMalloc(&m, 256) == cudaSuccess;
+        ok = ok && ncclAllReduce(m, m, 16, ncclFloat32, ncclSum, p, nullptr) == ncclInvalidUsage;
+        ncclConfig_t bl = NCCL_CONFIG_INITIALIZER;
+        bl.blocking = 1;
+        ok = ok && ncclCommSplit(p, 0, r, &c, &bl) == ncclInProgress && settle(p) == ncclSuccess &&
+             c != nullptr;
+        ok = ok && ncclAllReduce(m, m, 16, ncclFloat32, ncclSum, c, nullptr) == ncclSuccess;
+        ok = ok && ncclCommDestroy(p) == ncclSuccess && ncclCommDestroy(c) == ncclSuccess;
+        nb.magic = 0; // not from NCCL_CONFIG_INITIALIZER
+        ncclComm_t bad = nullptr;
+        ok = ok && ncclCommInitRankConfig(&bad, 2, id, r, &nb) == ncclInvalidArgument && !bad;
+        return cudaFree(m) == cudaSuccess && ok;
+    }));
+}
+
+// A nonblocking init whose peer never comes stays in progress: it cannot be destroyed (NCCL's
+// ncclCommEnsureReady refuses a communicator in use), and ncclCommAbort stops and frees it.
+TEST(CudaDoubleNccl, AbortStopsANonblockingInitWaitingForAPeer) {
+    NEED_DOUBLE();
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    cudaSetDevice(0);
+    ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+    nb.blocking = 0;
+    ncclComm_t p = nullptr;
+    ASSERT_EQ(ncclCommInitRankConfig(&p, 2, id, 0, &nb), ncclInProgress);
+    ASSERT_NE(p, nullptr);
+    ncclResult_t r = ncclSuccess;
+    EXPECT_EQ(ncclCommGetAsyncError(p, &r), ncclSuccess);
+    EXPECT_EQ(r, ncclInProgress); // rank 1 never comes
+    EXPECT_EQ(ncclCommDestroy(p), ncclInvalidArgument);
+    EXPECT_EQ(ncclCommAbort(p), ncclSuccess);
+}
+
 TEST(CudaDoubleNccl, DuplicateGpuIsRefusedOnEveryRank) {
     NEED_DOUBLE();
     ncclUniqueId id;

@@ -1538,7 +1538,7 @@ TEST_F(CudaDoubleMpi, WorldFinalizeReleasesNoSymmetricPoolWhileARankCaptures) {
     end_capture_on_rank0(s);
 }
 
-// NCCL's own device memory (a communicator's buffers, taken at ncclCommInitRank; modelled by
+// NCCL's own device memory (a communicator's buffers, taken at its init; modelled by
 // CUDA_DOUBLE_NCCL_MEMORY) is what device.untracked_bytes is for: a second world's communicator
 // shows there on every rank, in the aggregate too, and goes with the world.
 TEST_F(CudaDoubleMpi, NcclCommunicatorMemoryIsUntracked) {
@@ -1550,7 +1550,7 @@ TEST_F(CudaDoubleMpi, NcclCommunicatorMemoryIsUntracked) {
     ASSERT_SP_OK(sp_device_usage(dev, &u0));
     sp_world_t *w2 = nullptr;
     {
-        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by ncclCommInitRank
+        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by the communicator's init
         ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w2));
     }
     ASSERT_SP_OK(sp_device_usage(dev, &u1));
@@ -1577,7 +1577,7 @@ TEST_F(CudaDoubleMpi, ARefusedCommunicatorDestroyIsAnErrorAndFreesItAnyway) {
     const size_t u0 = double_used();
     sp_world_t *w = nullptr;
     {
-        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by ncclCommInitRank
+        sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by the communicator's init
         ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
     }
     ASSERT_EQ(double_used(), u0 + (size_t(24) << 20)) << "the communicator's own memory";
@@ -1588,6 +1588,59 @@ TEST_F(CudaDoubleMpi, ARefusedCommunicatorDestroyIsAnErrorAndFreesItAnyway) {
     EXPECT_NE(std::string(sp_last_error()).find("ncclCommDestroy failed"), std::string::npos)
         << sp_last_error();
     EXPECT_EQ(double_used(), u0) << "the communicator stayed allocated";
+}
+
+// The world's NCCL communicator failing to come up on one rank only (a bad NCCL_SOCKET_IFNAME on
+// one node, out of memory, a CUDA error): its peers used to wait in ncclCommInitRank for good
+// (real NCCL waits in its bootstrap for the missing rank; the double gives up after
+// CUDA_DOUBLE_NCCL_TIMEOUT, saying "NCCL would hang here") while the failed rank waited for them
+// in an MPI_Allreduce. Now every rank fails creation within SYMPOOL_SYM_TIMEOUT, the waiting ones
+// aborting their pending communicator, nothing is left allocated, and a new world works. The
+// failure is injected into each NCCL call of the set-up in turn (the old code called
+// ncclCommInitRank). Runs in its own ctests (cuda_double.mpi.test_cuda_double_mpi.nccl_init.*)
+// with a short SYMPOOL_SYM_TIMEOUT.
+TEST_F(CudaDoubleMpi, NcclSetUpFailingOnOneRankFailsEveryRankWithinTheDeadline) {
+    NEED_DOUBLE();
+    SP_SKIP_BELOW_RANKS(2);
+    const double limit = sp__agree_timeout_s();
+    if (limit <= 0.0 || limit > 5.0)
+        GTEST_SKIP() << "runs with a short SYMPOOL_SYM_TIMEOUT (its own ctest)";
+    expect_warnings();
+    sp::ScopedEnv env({{"CUDA_DOUBLE_NCCL_MEMORY", "24M"}}); // read by the communicator's init
+    const int bad = 1;
+    const std::vector<std::vector<const char *>> steps = {
+        {"ncclCommInitRank", "ncclCommInitRankConfig"}, {"ncclCommSplit"}};
+    for (const auto &fns : steps) {
+        SCOPED_TRACE(fns.back());
+        const size_t u0 = double_used();
+        if (mpi_rank() == bad)
+            for (const char *fn : fns)
+                inject(fn, ncclUnhandledCudaError);
+        sp_world_t *w = nullptr;
+        const sp_status_t s = sp_world_from_comm(MPI_COMM_WORLD, &w);
+        const std::string msg = sp_last_error();
+        for (const char *fn : fns)
+            inject(fn, 0);
+        EXPECT_NE(s, SP_SUCCESS) << "rank " << mpi_rank();
+        EXPECT_EQ(w, nullptr);
+        if (w)
+            EXPECT_SP_OK(sp_world_finalize(w));
+        // Ended by sympool's deadline, not by the double's stand-in for a hang.
+        EXPECT_EQ(msg.find("NCCL would hang here"), std::string::npos) << msg;
+        if (mpi_rank() == bad) {
+            EXPECT_EQ(s, SP_ERR_NCCL) << msg;
+            EXPECT_NE(msg.find(fns.back()), std::string::npos) << msg;
+        } else {
+            EXPECT_TRUE(s == SP_ERR_TIMEOUT || s == SP_ERR_NCCL)
+                << sp_status_name(s) << ": " << msg;
+            EXPECT_NE(msg.find("rank " + std::to_string(bad)), std::string::npos) << msg;
+        }
+        EXPECT_EQ(double_used(), u0) << "a communicator's memory stayed allocated";
+        // The next world works, on every rank.
+        ASSERT_SP_OK(sp_world_from_comm(MPI_COMM_WORLD, &w));
+        ASSERT_SP_OK(sp_world_finalize(w));
+        EXPECT_EQ(double_used(), u0);
+    }
 }
 
 TEST_F(CudaDoubleMpi, NcclVersionIsLoggedOnce) {
@@ -1619,10 +1672,10 @@ TEST_F(CudaDoubleMpi, NcclVersionIsLoggedOnce) {
 // releases what it holds; then the device holds what it held before the workload (nothing leaks:
 // device memory, VMM handles), and the whole workload run again without the failure succeeds.
 const char *const kNcclSweepFns[] = {
-    "ncclGetUniqueId",          "ncclCommInitRank", "ncclMemAlloc",    "ncclCommWindowRegister",
-    "ncclCommWindowDeregister", "ncclMemFree",      "ncclAllReduce",   "ncclAllGather",
-    "ncclReduceScatter",        "ncclBroadcast",    "ncclCommDestroy", "cudaDeviceSynchronize",
-    "cudaStreamSynchronize",
+    "ncclGetUniqueId",        "ncclCommInitRankConfig",   "ncclCommSplit", "ncclMemAlloc",
+    "ncclCommWindowRegister", "ncclCommWindowDeregister", "ncclMemFree",   "ncclAllReduce",
+    "ncclAllGather",          "ncclReduceScatter",        "ncclBroadcast", "ncclCommDestroy",
+    "cudaDeviceSynchronize",  "cudaStreamSynchronize",
 };
 
 struct NcclSweep {

@@ -22,7 +22,7 @@ static int apart(int rank) {
         printf("apart FAIL rank %d: %s: %s\n", rank, sp_status_name(s), sp_last_error());
         return 1;
     }
-    /* The world exists only if the NCCL double's ncclCommInitRank found no two ranks on one
+    /* The world exists only if the NCCL double's communicator init found no two ranks on one
      * GPU of one host. */
     int ok = sp_device_count() == 1 && sp_world_device(w) == 0;
     printf("apart %s rank %d: %s\n", ok ? "ok" : "FAIL", rank, ok ? "" : sp_last_error());
