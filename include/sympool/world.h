@@ -36,7 +36,12 @@ typedef struct sp_world sp_world_t;
  * sp_world_from_comm, passes another communicator) is SP_ERR_TIMEOUT on the ranks waiting for it,
  * and so is NCCL's set-up failing on one rank (a bad NCCL_SOCKET_IFNAME, out of memory): that
  * rank's SP_ERR_NCCL, SP_ERR_TIMEOUT naming it on the others at their deadline (NCCL would wait
- * for it for good), after which a new world can be made. Ranks on different backends
+ * for it for good), after which a new world can be made; a set-up that is healthy but slower than
+ * the deadline fails the same way (raise SYMPOOL_SYM_TIMEOUT for very large jobs). NCCL applies
+ * NCCL_COMM_BLOCKING from the environment to every communicator, over sympool's choice: =1 makes
+ * the set-up wait inside NCCL with no deadline again; =0 makes the world's communicator
+ * nonblocking, whose collectives and window registrations sympool does not wait out: leave it
+ * unset. Ranks on different backends
  * (SYMPOOL_DEVICE, or auto where some ranks see no GPU) are SP_ERR_DEVICE on every rank.
  * @return SP_SUCCESS, SP_ERR_INVALID_ARGUMENT, SP_ERR_MPI, SP_ERR_NCCL, SP_ERR_DEVICE,
  * SP_ERR_TIMEOUT.
