@@ -120,6 +120,31 @@ void Test::TearDown() {
     }
 }
 
+std::string read_file(const std::string &path) {
+    FILE *f = fopen(path.c_str(), "rb");
+    if (!f)
+        return "<missing>";
+    std::string s;
+    char b[4096];
+    size_t n;
+    while ((n = fread(b, 1, sizeof b, f)) > 0)
+        s.append(b, n);
+    fclose(f);
+    return s;
+}
+
+std::string list_dir(const std::string &dir) {
+    std::string cmd = "ls -A " + dir;
+    FILE *p = popen(cmd.c_str(), "r");
+    std::string s;
+    char b[512];
+    while (p && fgets(b, sizeof b, p))
+        s += b;
+    if (p)
+        pclose(p);
+    return s;
+}
+
 bool on_gpu() {
     return std::strcmp(sp_backend_name(), "cuda") == 0;
 }

@@ -33,6 +33,11 @@ inline std::string describe(sp_status_t s) {
     return std::string(sp_status_name(s)) + ": " + sp_last_error();
 }
 
+// The whole of the file at path, or "<missing>" when it cannot be opened.
+std::string read_file(const std::string &path);
+// The names in dir (`ls -A`), one a line.
+std::string list_dir(const std::string &dir);
+
 // A MemPool named `name` with the default parameters; a refused create is a test failure and
 // gives nullptr.
 inline sp_mempool_t *make_named_pool(const char *name) {

@@ -404,31 +404,7 @@ TEST_F(HostFaults, Setters) {
            [&](bool) { EXPECT_SP_OK(sp_mempool_destroy(pool)); }});
 }
 
-namespace {
-std::string slurp(const std::string &path) {
-    FILE *f = fopen(path.c_str(), "rb");
-    if (!f)
-        return "<missing>";
-    std::string s;
-    char b[4096];
-    size_t n;
-    while ((n = fread(b, 1, sizeof b, f)) > 0)
-        s.append(b, n);
-    fclose(f);
-    return s;
-}
-std::string listdir(const std::string &dir) {
-    std::string cmd = "ls -A " + dir;
-    FILE *p = popen(cmd.c_str(), "r");
-    std::string s;
-    char b[512];
-    while (p && fgets(b, sizeof b, p))
-        s += b;
-    if (p)
-        pclose(p);
-    return s;
-}
-} // namespace
+namespace {} // namespace
 
 class HostFaultsFiles : public HostFaults {
   protected:
@@ -459,23 +435,25 @@ class HostFaultsFiles : public HostFaults {
                 [this, path, name, call] {
                     sp_status_t s = call(path);
                     if (s != SP_SUCCESS) {
-                        EXPECT_EQ(slurp(path), "old contents") << describe(s);
-                        EXPECT_EQ(listdir(dir_), name + "\n") << describe(s);
+                        EXPECT_EQ(sp::read_file(path), "old contents") << describe(s);
+                        EXPECT_EQ(sp::list_dir(dir_), name + "\n") << describe(s);
                     } else {
-                        EXPECT_NE(slurp(path), "old contents");
+                        EXPECT_NE(sp::read_file(path), "old contents");
                     }
                     return s;
                 },
                 undo};
     }
+    void dump_snapshot_sweep(const char *what, const char *name);
     std::string dir_;
 };
 
-TEST_F(HostFaultsFiles, DumpSnapshotPickle) {
+// sp_dump_snapshot of a file named `name` (its suffix chooses the format) under every fault.
+void HostFaultsFiles::dump_snapshot_sweep(const char *what, const char *name) {
     void *p = nullptr;
-    sweep("sp_dump_snapshot pickle", FP_ALL,
+    sweep(what, FP_ALL,
           keeps_file(
-              "snap.pickle",
+              name,
               [&] {
                   history_on();
                   ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
@@ -487,20 +465,12 @@ TEST_F(HostFaultsFiles, DumpSnapshotPickle) {
               }));
 }
 
+TEST_F(HostFaultsFiles, DumpSnapshotPickle) {
+    dump_snapshot_sweep("sp_dump_snapshot pickle", "snap.pickle");
+}
+
 TEST_F(HostFaultsFiles, DumpSnapshotJson) {
-    void *p = nullptr;
-    sweep("sp_dump_snapshot json", FP_ALL,
-          keeps_file(
-              "snap.json",
-              [&] {
-                  history_on();
-                  ASSERT_SP_OK(sp_malloc(4096, 0, nullptr, &p));
-              },
-              [](const std::string &path) { return sp_dump_snapshot(path.c_str()); },
-              [&](bool) {
-                  EXPECT_SP_OK(sp_free(p));
-                  history_off();
-              }));
+    dump_snapshot_sweep("sp_dump_snapshot json", "snap.json");
 }
 
 TEST_F(HostFaultsFiles, MempoolDumpSnapshot) {
@@ -861,7 +831,7 @@ TEST_F(HostFaultsFiles, HistoryWithFramesHook) {
            },
            [&](bool) {
                EXPECT_SP_OK(sp_dump_snapshot(path.c_str()));
-               std::string text = slurp(path);
+               std::string text = sp::read_file(path);
                char *pickle = nullptr, err[200] = "";
                size_t len = 0;
                EXPECT_TRUE(
