@@ -1863,3 +1863,79 @@ def test_graph_three_successive(sp):
         for g in {id(g0): g0, id(g1): g1, id(g2): g2}.values():
             g.destroy()
         sp.empty_cache()
+
+
+def test_mempool_limited_memory_with_allocator(sp):
+    # test_mempool_limited_memory_with_allocator as written upstream: both pools get segments
+    # from their own allocator (PyTorch's dummy one), so they keep fixed segments with expandable
+    # segments on too, and the memory fraction (80 MiB) still counts their segments. A request
+    # of the default pool that hits OOM borrows pool_use's free block (use_on_oom), never
+    # pool_do_not_use's.
+    calls, allocator = counting_allocator()
+    pool_do_not_use = sp.MemPool(allocator)
+    pool_use = sp.MemPool(allocator, use_on_oom=True)
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((80 * MB + sp.memory_reserved()) / total)
+    held = []
+    try:
+        with sp.use_mem_pool(pool_do_not_use):
+            a = sp.malloc(40 * MB)
+        with sp.use_mem_pool(pool_use):
+            b = sp.malloc(40 * MB)
+        with pytest.raises(sp.OutOfMemoryError):
+            held.append(sp.malloc(40 * MB))
+        sp.free(a)
+        sp.free(b)
+        c = sp.malloc(30 * MB)  # no OOM: pool_use's free block as the fallback
+        held.append(c)
+        with pytest.raises(sp.OutOfMemoryError):
+            held.append(sp.malloc(30 * MB))  # pool_do_not_use is never lent
+        sp.free(held.pop())
+        assert b == c
+        with sp.use_mem_pool(pool_use):
+            e = sp.malloc(20 * MB)
+        sp.free(e)
+        assert e == c
+        assert calls["alloc"] == 2
+    finally:
+        for p in held:
+            sp.free(p)
+        pool_use.destroy()
+        pool_do_not_use.destroy()
+        sp.set_per_process_memory_fraction(1.0)
+        sp.empty_cache()
+    assert calls == {"alloc": 2, "free": 2}  # the pools' destruction empties their caches
+
+
+def test_deleted_mempool_not_used_on_oom_with_allocator(sp):
+    # test_deleted_mempool_not_used_on_oom as written upstream: the use_on_oom pools have an
+    # allocator of their own (fixed segments, expandable segments or not). With 40 MiB allowed,
+    # ten pools each take and free 40 MiB and are deleted; a new one does the same. The default
+    # pool's 20 MiB requests then fall back to the new pool's free block, never a deleted pool's.
+    calls, allocator = counting_allocator()
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((40 * MB + sp.memory_reserved()) / total)
+    try:
+        for _ in range(10):
+            pool = sp.MemPool(allocator, use_on_oom=True)
+            with sp.use_mem_pool(pool):
+                a = sp.malloc(40 * MB)
+            sp.free(a)
+            pool.destroy()
+        assert calls == {"alloc": 10, "free": 10}
+        new_pool = sp.MemPool(allocator, use_on_oom=True)
+        with sp.use_mem_pool(new_pool):
+            a = sp.malloc(40 * MB)
+        sp.free(a)
+        b = sp.malloc(20 * MB)
+        c = sp.malloc(20 * MB)
+        assert {b, c} == {a, a + 20 * MB}
+        sp.free(b)
+        sp.free(c)
+        new_pool.destroy()
+        assert calls == {"alloc": 11, "free": 11}
+    finally:
+        sp.set_per_process_memory_fraction(1.0)
+        sp.empty_cache()
