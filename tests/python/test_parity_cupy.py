@@ -547,3 +547,33 @@ def test_allocator_nested_context_manager(sp):
         sp.free(p)
     outer.destroy()
     inner.destroy()
+
+
+def test_python_function_allocator(sp):
+    # TestPythonFunctionAllocator.test_allocator: allocations through a pair of Python functions
+    # (CuPy's PythonFunctionAllocator; a MemPool's allocator here) call both, malloc with the
+    # size and the device. CuPy's allocator caches nothing, so cupy.zeros(10) frees at once; a
+    # MemPool keeps the segment until its cache is emptied (here: its destruction).
+    import ctypes
+    called = {"malloc": [], "free": []}
+    bufs = {}
+
+    def malloc(size, device, stream):
+        called["malloc"].append((size, device))
+        b = ctypes.create_string_buffer(size)
+        bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(ptr, size, device, stream):
+        called["free"].append((size, device))
+        del bufs[ptr]
+
+    pool = sp.MemPool((malloc, free))
+    assert called == {"malloc": [], "free": []}
+    with sp.use_mem_pool(pool):
+        p = sp.malloc(10 * 8)  # cupy.zeros(10)
+    sp.free(p)
+    assert called["malloc"] == [(SEG, 0)]
+    pool.destroy()
+    assert called["free"] == [(SEG, 0)]
+    assert bufs == {}

@@ -1939,3 +1939,20 @@ def test_deleted_mempool_not_used_on_oom_with_allocator(sp):
     finally:
         sp.set_per_process_memory_fraction(1.0)
         sp.empty_cache()
+
+
+def test_device_memory_used(sp):
+    # test_device_memory_used: the device's used memory (torch.cuda.device_memory_used, NVML's
+    # figure for every process; device_usage()["used"] here) grows by about a live 512 MiB
+    # allocation, which empty_cache cannot release.
+    sp.empty_cache()
+    a = sp.device_usage()["used"]
+    num_bytes = 512 * MB
+    p = sp.malloc(num_bytes)
+    try:
+        sp.empty_cache()
+        b = sp.device_usage()["used"]
+        assert num_bytes // 32 <= b - a <= num_bytes * 32
+    finally:
+        sp.free(p)
+        sp.empty_cache()
