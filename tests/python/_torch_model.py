@@ -16,12 +16,16 @@ follow. Written from the allocator's rules as PyTorch states them, not from symp
   expandable segments too), release_available_cached_blocks (with max_split_size), then
   release_cached_blocks and a retry (num_alloc_retries), else OOM (num_ooms);
 - expandable segments: find_expandable_block, map_block (whole pages), unmap_block (whole pages
-  inside free blocks) and release_blocks at empty_cache.
+  inside free blocks) and release_blocks at empty_cache;
+- MemPools routed to (use_mem_pool): block pools of their own, counted in the device's stats;
+  garbage collection looks at the default pool's large blocks only, and release_cached_blocks
+  (empty_cache, the OOM retry) leaves a live pool's cache alone (its use_count is not 0).
 
 Streams are small ints (0 = the default stream); the caller maps them to its own.
 """
 
 import bisect
+from collections import defaultdict
 
 MB = 1 << 20
 SMALL_SIZE = MB             # kSmallSize
@@ -72,10 +76,11 @@ def allocation_size(size):
 
 class Block:
     __slots__ = ("ptr", "size", "stream", "small", "seg", "mapped", "allocated", "requested",
-                 "events", "uses", "prev", "next", "gc_base")
+                 "events", "uses", "prev", "next", "gc_base", "pool")
 
-    def __init__(self, ptr, size, stream, small, seg, mapped=True):
+    def __init__(self, ptr, size, stream, small, seg, mapped=True, pool=0):
         self.ptr, self.size, self.stream, self.small, self.seg = ptr, size, stream, small, seg
+        self.pool = pool  # 0: the default pool; n: the n-th MemPool (a PrivatePool)
         self.mapped = mapped
         self.allocated = False
         self.requested = 0
@@ -93,32 +98,34 @@ class Segment:
 class Model:
     def __init__(self, cfg):
         self.cfg = cfg
-        self.cached = {True: [], False: []}    # mapped free blocks: (stream, size, ptr, id, b)
-        self.unmapped = {True: [], False: []}  # expandable: (stream, ptr, id, b)
+        # per block pool, keyed (pool, small): mapped free blocks (stream, size, ptr, id, b) and
+        # expandable segments' unmapped ranges (stream, ptr, id, b)
+        self.cached = defaultdict(list)
+        self.unmapped = defaultdict(list)
         self.live = {}                         # ptr -> allocated block
         self.segments = {}                     # fixed segments: base -> Segment
         self.pending = []                      # [block, [(stream, sequence), ...]]
         self.recorded, self.completed = {}, {}
         self.reserved = 0
         self.retries = self.ooms = 0
-        self.lookups = {True: 0, False: 0}     # get_free_blocks_call_count, per block pool
+        self.lookups = defaultdict(int)        # get_free_blocks_call_count, per block pool
 
     # -- the sets
     def _ins(self, b):
-        b.gc_base = self.lookups[b.small]
-        bisect.insort(self.cached[b.small], (b.stream, b.size, b.ptr, id(b), b))
+        b.gc_base = self.lookups[b.pool, b.small]
+        bisect.insort(self.cached[b.pool, b.small], (b.stream, b.size, b.ptr, id(b), b))
 
     def _rm(self, b):
-        lst = self.cached[b.small]
+        lst = self.cached[b.pool, b.small]
         i = bisect.bisect_left(lst, (b.stream, b.size, b.ptr, id(b)))
         assert lst[i][4] is b
         del lst[i]
 
     def _uins(self, b):
-        bisect.insort(self.unmapped[b.small], (b.stream, b.ptr, id(b), b))
+        bisect.insort(self.unmapped[b.pool, b.small], (b.stream, b.ptr, id(b), b))
 
     def _urm(self, b):
-        lst = self.unmapped[b.small]
+        lst = self.unmapped[b.pool, b.small]
         i = bisect.bisect_left(lst, (b.stream, b.ptr, id(b)))
         assert lst[i][3] is b
         del lst[i]
@@ -156,10 +163,10 @@ class Model:
         return self.cfg.allowed is not None and self.cfg.gc > 0
 
     # -- lookups
-    def _get_free_block(self, size, stream, small):
+    def _get_free_block(self, size, stream, small, pool):
         if self.gc_on:
-            self.lookups[small] += 1
-        lst = self.cached[small]
+            self.lookups[pool, small] += 1
+        lst = self.cached[pool, small]
         i = bisect.bisect_left(lst, (stream, size, 0, 0))
         if i == len(lst) or lst[i][0] != stream:
             return None
@@ -196,7 +203,7 @@ class Model:
         self._urm(b)
         b.mapped = True
         if n < b.size:
-            rest = Block(b.ptr + n, b.size - n, b.stream, b.small, seg, mapped=False)
+            rest = Block(b.ptr + n, b.size - n, b.stream, b.small, seg, False, b.pool)
             self._link_after(rest, b)
             self._uins(rest)
             b.size = n
@@ -205,7 +212,7 @@ class Model:
         self._ins(b)
         self.reserved += n
 
-    def _grow_expandable(self, size, stream, small, new_segment):
+    def _grow_expandable(self, size, stream, small, pool, new_segment):
         def takeable(b):
             return b is not None and not b.allocated and b.events == 0
 
@@ -216,7 +223,7 @@ class Model:
             return n >= size
 
         cand = None
-        for t in self.unmapped[small]:
+        for t in self.unmapped[pool, small]:
             if t[0] != stream:
                 continue
             c = t[3].prev if takeable(t[3].prev) else t[3]
@@ -226,7 +233,7 @@ class Model:
         if cand is None:
             base = new_segment()
             seg = Segment(base, 1 << 50, SMALL_BUFFER if small else LARGE_BUFFER)
-            cand = Block(base, seg.size, stream, small, seg, mapped=False)
+            cand = Block(base, seg.size, stream, small, seg, False, pool)
             self._uins(cand)
         if not cand.mapped:
             self._map(cand, min(cand.size, size))
@@ -247,13 +254,14 @@ class Model:
         if self.reserved <= thresh:
             return
         target = self.reserved - thresh
-        cands = [t[4] for t in self.cached[False] if not t[4].prev and not t[4].next
+        # the default pool's large blocks only
+        cands = [t[4] for t in self.cached[0, False] if not t[4].prev and not t[4].next
                  and not self.cfg.expandable]
         if not cands:
             return
 
         def age(b):
-            return self.lookups[False] - b.gc_base
+            return self.lookups[0, False] - b.gc_base
 
         total_age, n, done, freed = sum(age(b) for b in cands), len(cands), 0, True
         while done < target and freed and n > 0:
@@ -268,12 +276,12 @@ class Model:
                     cands.remove(b)
                     self._release_segment(b)
 
-    def _release_available(self, size, stream, small):
+    def _release_available(self, size, stream, small, pool):
         mss = self.cfg.mss
         if mss == NO_LIMIT or self.cfg.expandable:
             return False
         key = max(size, mss)
-        lst = self.cached[small]
+        lst = self.cached[pool, small]
         i = bisect.bisect_left(lst, (stream, key, 0, 0))
         if i < len(lst) and lst[i][0] == stream:
             self._release_segment(lst[i][4])
@@ -299,11 +307,11 @@ class Model:
             return
         self._rm(b)
         if lo > off:
-            before = Block(b.ptr, lo - off, b.stream, b.small, seg)
+            before = Block(b.ptr, lo - off, b.stream, b.small, seg, True, b.pool)
             self._link_before(before, b)
             self._ins(before)
         if off + b.size > hi:
-            after = Block(seg.base + hi, off + b.size - hi, b.stream, b.small, seg)
+            after = Block(seg.base + hi, off + b.size - hi, b.stream, b.small, seg, True, b.pool)
             self._link_after(after, b)
             self._ins(after)
         b.ptr, b.size, b.mapped = seg.base + lo, hi - lo, False
@@ -313,10 +321,11 @@ class Model:
         self.reserved -= hi - lo
 
     def empty_cache(self):
-        """release_cached_blocks: events first, then the large pool's, then the small pool's."""
+        """release_cached_blocks({0,0}): events first, then the default pool's large blocks, then
+        its small ones. A live MemPool's (use_count > 0) are kept."""
         self.process_events(wait=True)
         for small in (False, True):
-            blocks = [t[4] for t in self.cached[small]]
+            blocks = [t[4] for t in self.cached[0, small]]
             for b in blocks:
                 if b.seg.page is not None:
                     self._unmap(b)
@@ -337,9 +346,10 @@ class Model:
                 self._free_block(b)
         self.pending = keep
 
-    def malloc(self, orig, stream, call):
-        """Expects what PyTorch's malloc does; call() makes the real allocation (it raises on
-        OOM). Returns the address, or None after an expected OOM."""
+    def malloc(self, orig, stream, call, pool=0):
+        """Expects what PyTorch's malloc does, in the default pool or a MemPool routed to (pool
+        n); call() makes the real allocation (it raises on OOM). Returns the address, or None
+        after an expected OOM."""
         self.process_events()
         size = round_size(self.cfg, orig)
         small = size <= SMALL_SIZE
@@ -349,13 +359,13 @@ class Model:
             got.append(call())  # a new segment: the block starts at its base
             return got[0]
 
-        b = self._get_free_block(size, stream, small)
+        b = self._get_free_block(size, stream, small, pool)
         if b is None:
             alloc_size = allocation_size(size)
             if self.gc_on:
                 self._gc()
             ok = self._fits_fraction(alloc_size)
-            if not ok and self._release_available(size, stream, small):
+            if not ok and self._release_available(size, stream, small, pool):
                 ok = self._fits_fraction(alloc_size)
             if not ok:
                 self.empty_cache()
@@ -365,16 +375,16 @@ class Model:
                 self.ooms += 1
                 return None
             if self.cfg.expandable:
-                b = self._grow_expandable(size, stream, small, new_segment)
+                b = self._grow_expandable(size, stream, small, pool, new_segment)
             else:
                 base = new_segment()
                 for s in self.segments.values():
                     assert not s.base <= base < s.base + s.size, "a new segment was expected"
                 self.segments[base] = Segment(base, alloc_size)
                 self.reserved += alloc_size
-                b = Block(base, alloc_size, stream, small, self.segments[base])
+                b = Block(base, alloc_size, stream, small, self.segments[base], True, pool)
         if self._should_split(b, size):
-            rest = Block(b.ptr + size, b.size - size, stream, small, b.seg)
+            rest = Block(b.ptr + size, b.size - size, stream, small, b.seg, True, pool)
             self._link_after(rest, b)
             b.size = size
             self._ins(rest)
@@ -415,7 +425,7 @@ class Model:
         live = list(self.live.values())
         waiting = [b for b, _ in self.pending]
         exp = self.cfg.expandable
-        split = [t[4] for sm in (True, False) for t in self.cached[sm]
+        split = [t[4] for lst in self.cached.values() for t in lst
                  if (t[4].prev or t[4].next) and t[4].seg.page is None]
         return {
             "reserved_bytes.all.current": self.reserved,
@@ -434,12 +444,14 @@ class Model:
         }
 
 
-def drive(sp, cfg, seed, steps):
-    """Random calls on three streams, to sympool and to the model; after every one, the model's
-    figures must be memory_stats'. Returns how many OOMs and retries the run saw."""
+def drive(sp, cfg, seed, steps, mempools=0):
+    """Random calls on three streams, to sympool and to the model, a third of the allocations
+    routed to one of `mempools` MemPools if there are any; after every call, the model's figures
+    must be memory_stats'. Returns how many OOMs and retries the run saw."""
     import random
     rng = random.Random(seed)
     streams = [None, sp.Stream(), sp.Stream()]
+    pools = [None] + [sp.MemPool() for _ in range(mempools)]
     sp.empty_cache()
     sp.reset_accumulated_memory_stats()
     m = Model(cfg)
@@ -452,13 +464,21 @@ def drive(sp, cfg, seed, steps):
                 n = (rng.randint(1, MB) if c < 0.5 else rng.randint(MB + 1, 10 * MB) if c < 0.8
                      else rng.randint(10 * MB, 60 * MB))
                 si = rng.randrange(3)
+                pi = rng.randrange(1, len(pools)) if mempools and rng.random() < 1 / 3 else 0
+
+                def call():
+                    if not pi:
+                        return sp.malloc(n, stream=streams[si])
+                    with sp.use_mem_pool(pools[pi]):
+                        return sp.malloc(n, stream=streams[si])
+
                 try:
-                    p = m.malloc(n, si, lambda: sp.malloc(n, stream=streams[si]))
+                    p = m.malloc(n, si, call, pi)
                 except sp.OutOfMemoryError:
                     raise AssertionError(("an OOM the model did not expect", seed, step, n))
                 if p is None:  # the model's OOM: sympool's must come too
                     try:
-                        live.append(sp.malloc(n, stream=streams[si]))
+                        live.append(call())
                     except sp.OutOfMemoryError:
                         pass
                     else:
@@ -492,4 +512,6 @@ def drive(sp, cfg, seed, steps):
         for s in streams[1:]:
             s.synchronize()
             s.destroy()
+        for pool in pools[1:]:
+            pool.destroy()
         sp.empty_cache()

@@ -1,11 +1,11 @@
 """sympool against a reference model of PyTorch's caching allocator (_torch_model.py): random
-mallocs on three streams, frees, record_stream, stream synchronizations and empty_cache, with
-each of PyTorch's settings that change where blocks go. Every malloc must return the address
-the model puts the block at (best fit, splits, merges, expandable pages), and after every call
-memory_stats must show the model's figures (reserved, allocated, active, requested,
-inactive_split, oversize, retries, OOMs). Each setting runs in a child process, since sympool
-reads its settings when it starts; expandable segments run with PyTorch's own page rules
-(SYMPOOL_EXPANDABLE_PAGE=0, RECYCLE=0, BORROW=0; docs/expandable.md).
+mallocs on three streams (some routed to MemPools), frees, record_stream, stream
+synchronizations and empty_cache, with each of PyTorch's settings that change where blocks go.
+Every malloc must return the address the model puts the block at (best fit, splits, merges,
+expandable pages), and after every call memory_stats must show the model's figures (reserved,
+allocated, active, requested, inactive_split, oversize, retries, OOMs). Each setting runs in a
+child process, since sympool reads its settings when it starts; expandable segments run with
+PyTorch's own page rules (SYMPOOL_EXPANDABLE_PAGE=0, RECYCLE=0, BORROW=0; docs/expandable.md).
 """
 
 import os
@@ -53,7 +53,8 @@ def test_placement_and_stats_follow_pytorchs_rules(conf, args, cap_mb):
             f = {cap_mb} * MB / total
             sp.set_per_process_memory_fraction(f)
             allowed = int(f * total)  # PyTorch's allowed_memory_maximum
-        seen = [drive(sp, Config({args}{", " if args else ""}allowed=allowed), seed, 1500)
+        seen = [drive(sp, Config({args}{", " if args else ""}allowed=allowed), seed, 1500,
+                      mempools=seed)  # 0, 1 and 2 MemPools
                 for seed in range(3)]
         print(sum(o for o, _ in seen), sum(r for _, r in seen))
     """)
