@@ -19,7 +19,9 @@ follow. Written from the allocator's rules as PyTorch states them, not from symp
   inside free blocks) and release_blocks at empty_cache;
 - MemPools routed to (use_mem_pool): block pools of their own, counted in the device's stats;
   garbage collection looks at the default pool's large blocks only, and release_cached_blocks
-  (empty_cache, the OOM retry) leaves a live pool's cache alone (its use_count is not 0).
+  (empty_cache, the OOM retry) leaves a live pool's cache alone (its use_count is not 0);
+  no_split pools never split; try_mempool_fallback lends a use_on_oom pool's free block to a
+  default-pool request the device refused, before any release.
 
 Streams are small ints (0 = the default stream); the caller maps them to its own.
 """
@@ -96,8 +98,10 @@ class Segment:
 
 
 class Model:
-    def __init__(self, cfg):
+    def __init__(self, cfg, use_on_oom=(), no_split=()):
         self.cfg = cfg
+        self.use_on_oom = set(use_on_oom)  # MemPools (by number) that lend on OOM
+        self.no_split = {pi: True for pi in no_split}
         # per block pool, keyed (pool, small): mapped free blocks (stream, size, ptr, id, b) and
         # expandable segments' unmapped ranges (stream, ptr, id, b)
         self.cached = defaultdict(list)
@@ -186,6 +190,8 @@ class Model:
         return b
 
     def _should_split(self, b, size):
+        if self.no_split.get(b.pool):
+            return False
         rest = b.size - size
         if b.small or self.cfg.expandable:
             return rest >= 512
@@ -365,6 +371,15 @@ class Model:
             if self.gc_on:
                 self._gc()
             ok = self._fits_fraction(alloc_size)
+            if not ok and pool == 0 and not self.cfg.expandable:
+                # try_mempool_fallback: a free block of a use_on_oom pool, in the pools' order,
+                # for a request of the default pool only (an expandable pool's blocks are
+                # passed over: the search runs with expandable segments inactive)
+                for pi in sorted(self.use_on_oom):
+                    b = self._get_free_block(size, stream, small, pi)
+                    if b is not None:
+                        break
+        if b is None:
             if not ok and self._release_available(size, stream, small, pool):
                 ok = self._fits_fraction(alloc_size)
             if not ok:
@@ -384,7 +399,7 @@ class Model:
                 self.reserved += alloc_size
                 b = Block(base, alloc_size, stream, small, self.segments[base], True, pool)
         if self._should_split(b, size):
-            rest = Block(b.ptr + size, b.size - size, stream, small, b.seg, True, pool)
+            rest = Block(b.ptr + size, b.size - size, stream, small, b.seg, True, b.pool)
             self._link_after(rest, b)
             b.size = size
             self._ins(rest)
@@ -444,17 +459,19 @@ class Model:
         }
 
 
-def drive(sp, cfg, seed, steps, mempools=0):
+def drive(sp, cfg, seed, steps, mempools=()):
     """Random calls on three streams, to sympool and to the model, a third of the allocations
-    routed to one of `mempools` MemPools if there are any; after every call, the model's figures
-    must be memory_stats'. Returns how many OOMs and retries the run saw."""
+    routed to one of the MemPools made from `mempools` ((use_on_oom, no_split) each), if any;
+    after every call, the model's figures must be memory_stats'. Returns how many OOMs and
+    retries the run saw."""
     import random
     rng = random.Random(seed)
     streams = [None, sp.Stream(), sp.Stream()]
-    pools = [None] + [sp.MemPool() for _ in range(mempools)]
+    pools = [None] + [sp.MemPool(use_on_oom=u, no_split=n) for u, n in mempools]
     sp.empty_cache()
     sp.reset_accumulated_memory_stats()
-    m = Model(cfg)
+    m = Model(cfg, [i + 1 for i, f in enumerate(mempools) if f[0]],
+              [i + 1 for i, f in enumerate(mempools) if f[1]])
     live = []
     try:
         for step in range(steps):

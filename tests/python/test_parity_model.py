@@ -53,8 +53,10 @@ def test_placement_and_stats_follow_pytorchs_rules(conf, args, cap_mb):
             f = {cap_mb} * MB / total
             sp.set_per_process_memory_fraction(f)
             allowed = int(f * total)  # PyTorch's allowed_memory_maximum
+        # MemPools as (use_on_oom, no_split): none, one that lends, one of each
+        pools = [(), ((True, False),), ((False, True), (True, False))]
         seen = [drive(sp, Config({args}{", " if args else ""}allowed=allowed), seed, 1500,
-                      mempools=seed)  # 0, 1 and 2 MemPools
+                      mempools=pools[seed])
                 for seed in range(3)]
         print(sum(o for o, _ in seen), sum(r for _, r in seen))
     """)
