@@ -1322,6 +1322,59 @@ TEST_F(CudaDoubleSympool, RefusedUnmapInTheUndoOfAMapIsNotLeaked) {
     EXPECT_EQ(handles(), 0);
 }
 
+// A growth's deferred unmaps (RECYCLE's, expandable.c's pend_flush) refused by the driver: the
+// books already count those pages unmapped while the device still maps them. They were forgotten
+// there, so every later growth into them failed ("vmm_map: page 0 is already mapped",
+// SP_ERR_INVALID_USAGE, for a call that did nothing wrong) for as long as their segment lived,
+// and the device held more than reserved_bytes, empty_cache or not. The pool keeps them: a
+// growth there takes the still-mapped pages over, and a release unmaps them.
+TEST_F(CudaDoubleSympool, RefusedDeferredUnmapIsTakenOverOrTriedAgain) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    const size_t mib = size_t(1) << 20;
+    // 4 MiB at 0 and at 4 MiB, the first freed; 6 MiB grows at 8 MiB, RECYCLE having unmapped
+    // [0, 4) MiB in the books, and the device refuses that unmap.
+    auto refuse_recycled_unmap = [&](void **a, void **b, void **c) {
+        ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, a));
+        ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, b));
+        ASSERT_SP_OK(sp_free(*a));
+        inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+        sp_status_t s = sp_malloc(6 * mib, 0, nullptr, c);
+        inject("cuMemUnmap", 0);
+        ASSERT_SP_OK(s);
+        ASSERT_EQ((uintptr_t)*c, (uintptr_t)*a + 8 * mib);
+        ASSERT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(10 * mib));
+        ASSERT_EQ(used(0), 14 * mib) << "the refused pages are still mapped";
+    };
+    void *a = nullptr, *b = nullptr, *c = nullptr, *e = nullptr;
+    ASSERT_NO_FATAL_FAILURE(refuse_recycled_unmap(&a, &b, &c));
+    // A growth there takes the pages over.
+    ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, &e));
+    EXPECT_EQ(e, a);
+    sp::touch(e, 4 * mib);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    EXPECT_EQ(used(0), 14 * mib);
+    for (void *p : {b, c, e})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+    // A release unmaps them while their segment lives on.
+    ASSERT_NO_FATAL_FAILURE(refuse_recycled_unmap(&a, &b, &c));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    EXPECT_EQ(used(0), 10 * mib);
+    ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, &e));
+    EXPECT_EQ(e, a);
+    for (void *p : {b, c, e})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 // ---- a fault-injection sweep of the cuda backend -----------------------------------------------
 
 // Every CUDA runtime and driver entry point sympool's pool reaches, each failed once at its 1st,
