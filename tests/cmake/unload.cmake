@@ -9,3 +9,13 @@ add_test(NAME unit.unload_thread_exit
   COMMAND $<TARGET_FILE:sp_unload_probe> $<TARGET_FILE:sympool>)
 set_tests_properties(unit.unload_thread_exit PROPERTIES LABELS unit TIMEOUT 60
   ENVIRONMENT "${SP_UNIT_TEST_ENV}" PASS_REGULAR_EXPRESSION "unload-probe: ok")
+# The same for the thread cache's key and the lock records' key (the probe's modes).
+add_test(NAME unit.unload_thread_exit_cache
+  COMMAND $<TARGET_FILE:sp_unload_probe> $<TARGET_FILE:sympool> cache)
+set_tests_properties(unit.unload_thread_exit_cache PROPERTIES LABELS unit TIMEOUT 60
+  ENVIRONMENT "${SP_UNIT_TEST_ENV};SYMPOOL_THREAD_CACHE=64KiB"
+  PASS_REGULAR_EXPRESSION "unload-probe: ok")
+add_test(NAME unit.unload_thread_exit_rebias
+  COMMAND $<TARGET_FILE:sp_unload_probe> $<TARGET_FILE:sympool> rebias)
+set_tests_properties(unit.unload_thread_exit_rebias PROPERTIES LABELS unit TIMEOUT 60
+  ENVIRONMENT "${SP_UNIT_TEST_ENV}" PASS_REGULAR_EXPRESSION "unload-probe: ok")
