@@ -32,6 +32,7 @@
 
 #include "core/core.h"
 #include "pool/allocator.h"
+#include "pool/fork.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
 #include "pool/torch.h"
@@ -96,6 +97,8 @@ static sp_status_t check_backend(const char *fn) {
     const char *name = sp_backend_name(); /* initializes on first use */
     if (SP_LIKELY(strcmp(name, "cuda") == 0) || atomic_load(&g_allow_host))
         return SP_SUCCESS;
+    if (strcmp(name, "none") == 0 && sp__fork_cuda_child())
+        return sp__fork_error(fn); /* the reason itself, not "could not start a backend" */
     if (strcmp(name, "none") == 0)
         return sp__error(SP_ERR_DEVICE, SP_SUB_API,
                          "%s: sympool could not start a device backend; PyTorch gets nothing "

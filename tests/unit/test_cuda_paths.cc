@@ -340,7 +340,8 @@ namespace {
 // not survive fork()): every call fails with SP_ERR_DEVICE and says so. The pool calls said
 // instead that the handle "is stale: its pool was released by sp_shutdown" (SP_ERR_INVALID_USAGE)
 // and sp_record_stream that the block was "not a live sympool block": no shutdown happened, and
-// the block is live in the parent.
+// the block is live in the parent. sp_torch_free said "sympool is not initialized, so this is not
+// its pointer", and sp_torch_malloc "could not start a device backend".
 TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
     expect_warnings();
     sp_mempool_t *pool = nullptr;
@@ -364,13 +365,23 @@ TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
         bad |= said_fork(sp_mempool_destroy(pool)) ? 0 : 8;
         bad |= said_fork(sp_record_stream(p, nullptr)) ? 0 : 16;
         bad |= said_fork(sp_free(p)) ? 0 : 32;
+        // The PyTorch entry points return no status: their last error says it. A failure of
+        // another kind first, so that a stale text does not pass.
+        auto torch_said_fork = [](auto call) {
+            (void)sp_malloc(16, 0, nullptr, nullptr); // "ptr_p is NULL"
+            call();
+            return std::string(sp_last_error()).find("forked") != std::string::npos;
+        };
+        bad |= torch_said_fork([&] { sp_torch_free(p, 4096, 0, nullptr); }) ? 0 : 64;
+        bad |= torch_said_fork([] { (void)sp_torch_malloc(4096, 0, nullptr); }) ? 0 : 128;
         _exit(bad);
     }
     int st = 0;
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
     ASSERT_TRUE(WIFEXITED(st));
     EXPECT_EQ(WEXITSTATUS(st), 0) << "bits: 1 sp_malloc, 2 sp_mempool_malloc, 4 begin, "
-                                     "8 destroy, 16 sp_record_stream, 32 sp_free";
+                                     "8 destroy, 16 sp_record_stream, 32 sp_free, "
+                                     "64 sp_torch_free, 128 sp_torch_malloc";
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_empty_cache());
