@@ -196,6 +196,10 @@ SP_EXPORT void *sp_torch_segment_malloc(size_t size, int device, void *stream) {
 SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream) {
     if (ptr == NULL)
         return;
+    if (sp__fork_cuda_child()) { /* the segment is the parent's, and live there (fork.c) */
+        (void)sp__fork_error("sp_torch_segment_free");
+        return;
+    }
     torch_seg_t seg;
     if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || !seg_take(ptr, &seg)) {
         SP_WARN(SP_SUB_API,

@@ -387,4 +387,26 @@ TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
     ASSERT_SP_OK(sp_empty_cache());
 }
 
+// The same for a torch.cuda.MemPool segment (sp_torch_segment_malloc) the child inherited: its
+// free said "not a live segment of sp_torch_segment_malloc", set no last error, and took the
+// segment out of the child's registry; it is live in the parent.
+TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyATorchSegmentFreeFails) {
+    expect_warnings();
+    void *seg = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    ASSERT_NE(seg, nullptr) << sp_last_error();
+    fflush(nullptr);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        (void)sp_malloc(16, 0, nullptr, nullptr); // another failure first: "ptr_p is NULL"
+        sp_torch_segment_free(seg, 2 * MiB, 0, nullptr);
+        _exit(std::string(sp_last_error()).find("forked") != std::string::npos ? 0 : 1);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_EQ(WEXITSTATUS(st), 0) << "the child's sp_torch_segment_free did not say why";
+    sp_torch_segment_free(seg, 2 * MiB, 0, nullptr);
+}
+
 } // namespace
