@@ -140,6 +140,16 @@ static void rec_make_key(void) {
     rec_key_made = pthread_key_create(&rec_key, rec_give_back) == 0;
 }
 
+/* At the library's unload (dlclose; exit() too): a thread that took a record keeps the key's
+ * value set for its life, and one that outlives the library would otherwise have glibc call
+ * rec_give_back at an address no longer mapped as it exits (a deleted key's destructor is never
+ * called). The records go with the library. */
+__attribute__((destructor)) static void rec_delete_key(void) {
+    if (rec_key_made)
+        (void)pthread_key_delete(rec_key);
+    rec_key_made = false;
+}
+
 /* The calling thread's record, taken now if it has none; NULL when none is free (or the thread
  * cannot register the destructor that gives it back). Off the hot paths. */
 static sp_lock_rec_t *rec_get(void) {

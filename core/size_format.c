@@ -78,7 +78,9 @@ static void cell(double v, char *buf, size_t cap) {
 
 static void human(double v, char *buf, size_t cap) {
     int u = 0;
-    while ((v >= 1024.0 || v <= -1024.0) && u < 6) {
+    /* The next unit once the number would print as 1024 (or more) of this one: bytes are shown
+     * without decimals, the units above with two. */
+    while (u < 6 && fabs(v) >= (u == 0 ? 1023.5 : 1023.995)) {
         v /= 1024.0;
         u++;
     }

@@ -2019,10 +2019,13 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
  * parameters cost sp_free 1.0-1.5 ns per cached malloc+free pair (~3%, bench_alloc, one thread,
  * 5 interleaved runs each, same session). */
 sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p) {
-    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire)))
+    if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
+        if (sp__fork_cuda_child()) /* as free_whole: the pointer is the parent's, and live */
+            return sp__fork_error("sp_torch_free");
         return sp__error(
             SP_ERR_INVALID_USAGE, SP_SUB_POOL,
             "sp_torch_free(%p): sympool is not initialized, so this is not its pointer", ptr);
+    }
     uintptr_t a = (uintptr_t)ptr;
     bool hist = SP_UNLIKELY(sp__history_on());
     if (sp__g.tc_limit && !hist && sp__tc_free(a, size_p, device_p))

@@ -55,6 +55,9 @@ typedef struct sp_bpool {
 
 /* ---- MemPools ---------------------------------------------------------------------------- */
 
+/* Refused deferred unmaps a pool remembers (sp_mempool.exp_stuck). */
+#define SP_EXP_STUCK 4
+
 struct sp_mempool {
     sp_mempool_id_t id;       /* {0,0} default; {0,n} user (const) */
     int device;               /* (const) */
@@ -86,6 +89,15 @@ struct sp_mempool {
     /* sp__handles_generation() when made; older = stale, 0 = released (handles.c): set at
      * create, to 0 once (device lock), read before the lock by the handle checks. */
     _Atomic uint64_t generation;
+    /* Pages of its expandable segments the device still maps although the books say unmapped:
+     * a growth's deferred unmap the device refused (expandable.c, keep_stuck). A growth that
+     * maps there takes them over; every growth and release tries the others again (lock). */
+    struct {
+        uintptr_t addr; /* start (page aligned) */
+        size_t len;     /* bytes, whole pages */
+        size_t page;    /* its segment's page */
+    } exp_stuck[SP_EXP_STUCK];
+    int exp_nstuck; /* entries in exp_stuck (lock) */
 };
 
 /* ---- events ------------------------------------------------------------------------------ */

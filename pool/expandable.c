@@ -166,6 +166,13 @@ static sp_status_t new_segment(sp_devalloc_t *d, sp_bpool_t *bp, sp_stream_t str
 static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
     sp_bpool_t *bp = seg->bpool;
     sp_block_t *b = seg->head;
+    /* Kept unmaps of its pages go with it (vmm_release unmaps what is still mapped). */
+    sp_mempool_t *pool = bp->pool;
+    for (int i = 0; i < pool->exp_nstuck;)
+        if (pool->exp_stuck[i].addr - seg->base < seg->size)
+            pool->exp_stuck[i] = pool->exp_stuck[--pool->exp_nstuck];
+        else
+            i++;
     ulist_remove(bp, b);
     (void)sp__g.ops->vmm_release(d->device, (void *)seg->base, seg->size); /* logged there */
     sp__alloc_segment_delete(d, seg);
@@ -183,9 +190,11 @@ static void release_segment(sp_devalloc_t *d, sp_segment_t *seg) {
  * work is what changes (on a GPU each page is its own cuMemUnmap + cuMemRelease and cuMemCreate +
  * cuMemMap). */
 #define SP_EXP_PEND 64
+_Static_assert(SP_EXP_STUCK <= SP_EXP_PEND, "a growth's list holds a pool's kept unmaps");
 typedef struct exp_pend {
     int n;
-    uintptr_t lo, hi; /* the growth's range: pending pages there wait for its maps */
+    uintptr_t lo, hi;   /* the growth's range: pending pages there wait for its maps */
+    sp_mempool_t *pool; /* the growing pool: every range is of its segments */
     struct {
         uintptr_t addr;
         size_t len, page;
@@ -200,6 +209,42 @@ static sp_status_t dev_unmap(sp_devalloc_t *d, uintptr_t addr, size_t len, size_
         d->exp_unmap_calls++;
     }
     return s;
+}
+
+/* The device refused to unmap [addr, addr + len) of pool's segments, which the books already
+ * count as unmapped (an unmap a growth put off, or the undo of its own maps): the pages are
+ * still mapped. The pool remembers them, so that a growth that maps there takes them over and
+ * the next growth or release tries the unmap again. Forgotten, they stayed on the device for as
+ * long as their segment lived, and every growth there failed (the backend refuses to map a page
+ * twice) while the device held more than reserved_bytes. */
+static void keep_stuck(sp_mempool_t *pool, uintptr_t addr, size_t len, size_t page) {
+    if (pool->exp_nstuck == SP_EXP_STUCK) {
+        SP_WARN(SP_SUB_POOL,
+                "%zu bytes at %#" PRIxPTR " stay mapped on the device until their segment is "
+                "released (more refused unmaps than a pool remembers)",
+                len, addr);
+        return;
+    }
+    int i = pool->exp_nstuck++;
+    pool->exp_stuck[i].addr = addr;
+    pool->exp_stuck[i].len = len;
+    pool->exp_stuck[i].page = page;
+}
+
+static void unmap_or_keep(sp_devalloc_t *d, sp_mempool_t *pool, uintptr_t addr, size_t len,
+                          size_t page) {
+    if (dev_unmap(d, addr, len, page) != SP_SUCCESS)
+        keep_stuck(pool, addr, len, page);
+}
+
+/* A release tries the pool's kept unmaps again (their pages are unused: the books say unmapped
+ * since they were synchronized and put off). */
+static void retry_stuck(sp_devalloc_t *d, sp_mempool_t *pool) {
+    int n = pool->exp_nstuck;
+    pool->exp_nstuck = 0;
+    for (int i = 0; i < n; i++)
+        unmap_or_keep(d, pool, pool->exp_stuck[i].addr, pool->exp_stuck[i].len,
+                      pool->exp_stuck[i].page);
 }
 
 static sp_status_t dev_map(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t page) {
@@ -219,22 +264,22 @@ static sp_status_t dev_map(sp_devalloc_t *d, uintptr_t addr, size_t len, size_t 
  * lo and hi are page bounds of the growth's segment (lo an unmapped block's start where a range
  * straddles it). The caller synchronized before putting them there. An unmap the device refuses
  * (a driver failure; the backend logs it) leaves those pages mapped where the books say unmapped:
- * a later map there fails and the growth reports it. */
+ * the pool keeps them (keep_stuck) for a later growth to take over or a release to unmap. */
 static void pend_flush(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t lo, uintptr_t hi) {
     int k = 0;
     for (int i = 0; i < pd->n; i++) {
         uintptr_t a = pd->r[i].addr, e = a + pd->r[i].len;
         size_t page = pd->r[i].page;
         if (a >= hi || e <= lo) {
-            (void)dev_unmap(d, a, e - a, page);
+            unmap_or_keep(d, pd->pool, a, e - a, page);
             continue;
         }
         if (a < lo) {
-            (void)dev_unmap(d, a, lo - a, page);
+            unmap_or_keep(d, pd->pool, a, lo - a, page);
             a = lo;
         }
         if (e > hi) {
-            (void)dev_unmap(d, hi, e - hi, page);
+            unmap_or_keep(d, pd->pool, hi, e - hi, page);
             e = hi;
         }
         pd->r[k] = pd->r[i];
@@ -258,7 +303,7 @@ static void pend_take(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t addr, uintptr_
                 pd->r[pd->n].len = e - end;
                 pd->n++;
             } else {
-                (void)dev_unmap(d, end, e - end, pd->r[i].page);
+                unmap_or_keep(d, pd->pool, end, e - end, pd->r[i].page);
             }
             pd->r[i].len = addr - a;
         } else if (a < addr) {
@@ -298,7 +343,7 @@ static sp_status_t pend_map(sp_devalloc_t *d, exp_pend_t *pd, uintptr_t addr, si
         sp_status_t s = dev_map(d, at, next - at, page);
         if (s != SP_SUCCESS) {
             for (int g = 0; g < ng; g++) /* nothing mapped after all */
-                (void)dev_unmap(d, gap[g][0], gap[g][1] - gap[g][0], page);
+                unmap_or_keep(d, pd->pool, gap[g][0], gap[g][1] - gap[g][0], page);
             return s;
         }
         gap[ng][0] = at;
@@ -377,7 +422,7 @@ static sp_status_t map_block(sp_devalloc_t *d, sp_block_t *m, size_t size, uint3
         } else {
             /* No struct for the remainder (structs come from the arena alone, never from the
              * heap): give the pages back rather than corrupt the tiling. */
-            (void)dev_unmap(d, m->addr, len, seg->page);
+            unmap_or_keep(d, pool, m->addr, len, seg->page);
             m->unmapped = true;
             ulist_insert(bp, m);
             return sp__error(SP_ERR_SYSTEM, SP_SUB_POOL,
@@ -672,6 +717,15 @@ sp_status_t sp__exp_alloc(sp_devalloc_t *d, sp_bpool_t *bp, size_t size, sp_stre
     exp_pend_t pd;
     pd.n = 0;
     pd.lo = pd.hi = 0;
+    pd.pool = bp->pool;
+    /* Pages whose unmap the device refused before (keep_stuck) are pending unmaps too: the
+     * growth takes over those it maps, and its flushes try the others again. */
+    for (int i = 0; i < bp->pool->exp_nstuck; i++) {
+        pd.r[pd.n].addr = bp->pool->exp_stuck[i].addr;
+        pd.r[pd.n].len = bp->pool->exp_stuck[i].len;
+        pd.r[pd.n++].page = bp->pool->exp_stuck[i].page;
+    }
+    bp->pool->exp_nstuck = 0;
     sp_status_t s = grow(d, bp, size, stream, ctx, &pd, block_p, why_p);
     pend_flush(d, &pd, 0, 0); /* what the growth did not map again, and on failure all */
     return s;
@@ -973,6 +1027,7 @@ size_t sp__exp_release_blocks(sp_devalloc_t *d, sp_block_t *const *v, size_t n, 
 }
 
 size_t sp__exp_release_unmapped(sp_devalloc_t *d, sp_segment_t *seg) {
+    retry_stuck(d, seg->bpool->pool);
     if (!seg->head->unmapped || seg->head->next)
         return 0;
     release_segment(d, seg);
@@ -981,6 +1036,7 @@ size_t sp__exp_release_unmapped(sp_devalloc_t *d, sp_segment_t *seg) {
 
 size_t sp__exp_release(sp_devalloc_t *d, sp_segment_t *seg, uint32_t context) {
     size_t freed = 0;
+    retry_stuck(d, seg->bpool->pool);
     /* cuMemUnmap does not wait for the GPU, so the work that used the pages must be done first.
      * PyTorch syncs the segment's stream; sympool lets users destroy streams, so it syncs the
      * device (once per segment, and only when there is something to unmap). */

@@ -222,6 +222,16 @@ static void make_key(void) {
     g_key_made = pthread_key_create(&g_key, tc_exit) == 0;
 }
 
+/* At the library's unload (dlclose; exit() too): a thread that ever had a cache keeps the key's
+ * value set for its life, and one that outlives the library would otherwise have glibc call
+ * tc_exit at an address no longer mapped as it exits (a deleted key's destructor is never
+ * called). Its cache then goes with the library, as every pool does. */
+__attribute__((destructor)) static void delete_key(void) {
+    if (g_key_made)
+        (void)pthread_key_delete(g_key);
+    g_key_made = false;
+}
+
 static sp_tcache_t *tc_mine(void) {
     sp_tcache_t *t = tl_tc;
     if (SP_LIKELY(t))

@@ -32,6 +32,7 @@
 
 #include "core/core.h"
 #include "pool/allocator.h"
+#include "pool/fork.h"
 #include "pool/pool.h"
 #include "sympool/pool.h"
 #include "pool/torch.h"
@@ -96,6 +97,8 @@ static sp_status_t check_backend(const char *fn) {
     const char *name = sp_backend_name(); /* initializes on first use */
     if (SP_LIKELY(strcmp(name, "cuda") == 0) || atomic_load(&g_allow_host))
         return SP_SUCCESS;
+    if (strcmp(name, "none") == 0 && sp__fork_cuda_child())
+        return sp__fork_error(fn); /* the reason itself, not "could not start a backend" */
     if (strcmp(name, "none") == 0)
         return sp__error(SP_ERR_DEVICE, SP_SUB_API,
                          "%s: sympool could not start a device backend; PyTorch gets nothing "
@@ -193,6 +196,10 @@ SP_EXPORT void *sp_torch_segment_malloc(size_t size, int device, void *stream) {
 SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream) {
     if (ptr == NULL)
         return;
+    if (sp__fork_cuda_child()) { /* the segment is the parent's, and live there (fork.c) */
+        (void)sp__fork_error("sp_torch_segment_free");
+        return;
+    }
     torch_seg_t seg;
     if (!atomic_load_explicit(&sp__ready, memory_order_acquire) || !seg_take(ptr, &seg)) {
         SP_WARN(SP_SUB_API,

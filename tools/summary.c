@@ -86,8 +86,14 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
         const pk_value_t *type = pk_get(seg, "segment_type");
         int p = pk_str(type) ? (pk_str_is(type, "small") ? 2 : 1)
                              : ((uint64_t)total == SMALL_SEGMENT ? 2 : 1);
+        /* An expandable segment's mapped bytes are reserved, but PyTorch counts it in no
+         * segment stat (map_block adds reserved bytes only) and none of its free blocks as an
+         * inactive split (free_block, alloc_found_block): nor does this table. */
+        const pk_value_t *exp = pk_get(seg, "is_expandable");
+        bool expandable = exp != NULL && exp->type == PK_BOOL && exp->u.b;
         add_end(d, M_RESERVED, p, total);
-        add_end(d, M_SEGMENT, p, 1);
+        if (!expandable)
+            add_end(d, M_SEGMENT, p, 1);
         const pk_value_t *blocks = pk_get(seg, "blocks");
         size_t nb = pk_len(blocks);
         for (size_t b = 0; b < nb; b++) {
@@ -113,7 +119,7 @@ static bool read_segments(const pk_value_t *segments, int dev, dev_figs_t *d, ch
                 if (active) {
                     d->active[q] += size;
                     d->active_n[q]++;
-                } else if (nb > 1) { /* an inactive piece of a split segment */
+                } else if (nb > 1 && !expandable) { /* an inactive piece of a split segment */
                     d->split[q] += size;
                     d->split_n[q]++;
                 }

@@ -323,6 +323,14 @@ static uint16_t pool_at(const pool_range_t *r, size_t n, uint64_t addr) {
     return lo > 0 && addr < r[lo - 1].end ? r[lo - 1].pool : 0;
 }
 
+/* Whether any entry of d's trace names its pool (newer PyTorch's and sympool's "pool_id"). */
+static bool names_pools(const tr_device_t *d) {
+    for (size_t i = 0; i < d->nev; i++)
+        if (d->ev[i].flags & TR_F_POOL_ID)
+            return true;
+    return false;
+}
+
 /* pool_index's key of a pool id in its map (never 0, the map's empty key). */
 static uint64_t pool_key(uint64_t first, uint64_t second) {
     uint64_t k = (first * 0x9e3779b97f4a7c15ull) ^
@@ -2033,6 +2041,12 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     }
     if (nranges > 1)
         sort_by(ranges, nranges, sizeof(*ranges), cmp_range);
+    /* An entry without a pool_id goes to the private pool whose final segment holds its address,
+     * unless the trace names pools: sympool's snapshots write "pool_id" on every entry of a
+     * private pool and leave it out on the default pool's (pool/snapshot.c), so there an entry
+     * without one is the default pool's. By address, a default-pool allocation where a private
+     * pool's segment came after an empty_cache was replayed in that pool. */
+    size_t nroute = names_pools(d) ? 0 : nranges;
     /* Expandable segments at the start: the final state's mapped ranges, walked back through
      * the trace (a range mapped in it was not mapped before; one unmapped in it was). Each
      * mapped range at the start is rebuilt like any other start segment. */
@@ -2044,7 +2058,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             if (!xr_remove(&xr, &nxr, &cap_xr, e->addr, e->addr + e->size))
                 goto oom;
         } else if (e->action == TR_SEGMENT_UNMAP) {
-            uint16_t pool = (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr);
+            uint16_t pool = (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nroute, e->addr);
             if (!xr_add(&xr, &nxr, &cap_xr,
                         (xrange_t){e->addr, e->addr + e->size, e->stream, pool,
                                    xr_small(xr, nxr, e->addr, e->stream, e->size)}))
@@ -2070,7 +2084,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             (tr_sseg_t){e->addr,
                         e->size,
                         e->stream,
-                        (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nranges, e->addr),
+                        (e->flags & TR_F_POOL_ID) ? e->pool : pool_at(ranges, nroute, e->addr),
                         e->size == (2 << 20),
                         0,
                         0,
@@ -2143,16 +2157,16 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     for (size_t i = 0; i < d->nev;) {
         tr_event_t *e = &d->ev[i];
         if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
-            if (e->action == TR_ALLOC && nranges > 0 && !(e->flags & TR_F_POOL_ID))
-                e->pool = pool_at(ranges, nranges, e->addr);
+            if (e->action == TR_ALLOC && nroute > 0 && !(e->flags & TR_F_POOL_ID))
+                e->pool = pool_at(ranges, nroute, e->addr);
             i++;
             continue;
         }
         size_t j = i;
         while (j < d->nev &&
                (d->ev[j].action == TR_SEGMENT_FREE || d->ev[j].action == TR_SEGMENT_UNMAP)) {
-            if (nranges > 0 && !(d->ev[j].flags & TR_F_POOL_ID))
-                d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
+            if (nroute > 0 && !(d->ev[j].flags & TR_F_POOL_ID))
+                d->ev[j].pool = pool_at(ranges, nroute, d->ev[j].addr);
             j++;
         }
         bool internal = set->gc_or_split && j < d->nev &&

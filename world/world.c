@@ -25,6 +25,7 @@
  * (sp__world_nccl_coll_enter), and an abort takes it after nccl_lock is let go. A world itself is
  * used by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -150,6 +151,23 @@ static int self_deleted(MPI_Comm comm, int key, void *value, void *extra) {
      * One that a peer never matched is given up after a second, as before. */
     sp__agree_drain(1.0);
     return MPI_SUCCESS;
+}
+
+/* MPI keeps self_deleted's address until MPI_Finalize, which may come after the program
+ * unloaded this library (dlclose): it then called an address no longer mapped. So once MPI holds
+ * it, the library stays loaded for the process's life (a reference never given back, and the
+ * object marked never to unload). Statically linked, dladdr names the object it is part of.
+ * Called with no lock held: dlopen takes the loader's lock, under which constructors run. */
+static pthread_once_t s_stay_once = PTHREAD_ONCE_INIT;
+
+static void stay_loaded_once(void) {
+    Dl_info self;
+    if (dladdr((void *)(uintptr_t)&self_deleted, &self) && self.dli_fname)
+        (void)dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
+static void stay_loaded(void) {
+    (void)pthread_once(&s_stay_once, stay_loaded_once);
 }
 
 /* Ask MPI to tell us when it is finalized (once per process; s_lock held). Local MPI calls. */
@@ -838,7 +856,10 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
      * when creation fails (self_deleted). */
     pthread_mutex_lock(&s_lock);
     watch_mpi_finalize_locked();
+    bool watched = s_self_key != MPI_KEYVAL_INVALID;
     pthread_mutex_unlock(&s_lock);
+    if (watched)
+        stay_loaded();
     SP_CHECK_GOTO(sp__agree_dup(comm, &w->comm, what, &abandoned), st, fail);
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
     double pause = s_test_pause_s;
@@ -950,7 +971,10 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     w->next_live = s_live;
     s_live = w;
     __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
+    watched = s_self_key != MPI_KEYVAL_INVALID;
     pthread_mutex_unlock(&s_lock);
+    if (watched)
+        stay_loaded();
     scratch_free(&s);
     *world_p = w;
     return SP_SUCCESS;

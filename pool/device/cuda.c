@@ -769,6 +769,9 @@ typedef struct cuda_resv {
     size_t size;                     /* bytes */
     size_t page;                     /* bytes per physical allocation */
     CUmemGenericAllocationHandle *h; /* [size / page], 0 = not mapped */
+    bool dropped; /* vmm_release was called, but the driver refused to unmap a page of it (still
+                   * mapped, its handle held) or to free the range: kept only to finish the
+                   * release at the next vmm call and at fini, never found by vmm_find */
 } cuda_resv_t;
 
 static struct {
@@ -865,10 +868,12 @@ static void cuda_vmm_caps(int ndev, sp_device_caps_t *caps) {
     caps->vmm_granularity = ok ? g : 0;
 }
 
+static void vmm_retry_stale(void);
+
 static cuda_resv_t *vmm_find(int device, CUdeviceptr addr) {
     for (size_t i = 0; i < g_vmm.nresv; i++) {
         cuda_resv_t *r = &g_vmm.resv[i];
-        if (r->device == device && addr >= r->base && addr < r->base + r->size)
+        if (!r->dropped && r->device == device && addr >= r->base && addr < r->base + r->size)
             return r;
     }
     return NULL;
@@ -885,6 +890,8 @@ static sp_status_t cuda_vmm_reserve(int device, size_t size, size_t page, void *
     pthread_mutex_lock(&g_vmm.mu);
     CUdeviceptr base = 0;
     CUresult r = CUDA_SUCCESS;
+    if (h && vmm_load())
+        vmm_retry_stale();
     if (!h || !vmm_load())
         res = sp__error(h ? SP_ERR_NOT_SUPPORTED : SP_ERR_SYSTEM, SP_SUB_DEVICE,
                         h ? "the CUDA driver lacks the virtual memory entry points"
@@ -903,7 +910,7 @@ static sp_status_t cuda_vmm_reserve(int device, size_t size, size_t page, void *
         }
     }
     if (res == SP_SUCCESS)
-        g_vmm.resv[g_vmm.nresv++] = (cuda_resv_t){device, base, size, page, h};
+        g_vmm.resv[g_vmm.nresv++] = (cuda_resv_t){device, base, size, page, h, false};
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
     if (res != SP_SUCCESS) {
@@ -959,14 +966,40 @@ static void vmm_release_handle(int device, CUmemGenericAllocationHandle h) {
             name, (int)e);
 }
 
-/* Release the handles kept by vmm_release_handle again (g_vmm.mu held); those still refused
- * stay. */
+/* Unmap what is left of a released reservation and free its range (g_vmm.mu held); false when
+ * the driver refused again (it stays kept). Quiet: vmm_release logged the first refusal. */
+static bool vmm_finish_dropped(cuda_resv_t *r) {
+    size_t left = 0;
+    for (size_t i = 0; i < r->size / r->page; i++) {
+        if (!r->h[i])
+            continue;
+        if (g_vmm.unmap(r->base + i * r->page, r->page) != CUDA_SUCCESS) {
+            left++;
+            continue;
+        }
+        vmm_release_handle(r->device, r->h[i]);
+        r->h[i] = 0;
+    }
+    return left == 0 && g_vmm.afree(r->base, r->size) == CUDA_SUCCESS;
+}
+
+/* Release the handles kept by vmm_release_handle again, and finish the releases of kept
+ * reservations (g_vmm.mu held); those still refused stay. */
 static void vmm_retry_stale(void) {
     size_t k = 0;
     for (size_t i = 0; i < g_vmm.nstale; i++)
         if (g_vmm.release(g_vmm.stale[i]) != CUDA_SUCCESS)
             g_vmm.stale[k++] = g_vmm.stale[i];
     g_vmm.nstale = k;
+    for (size_t i = 0; i < g_vmm.nresv;) {
+        cuda_resv_t *r = &g_vmm.resv[i];
+        if (!r->dropped || !vmm_finish_dropped(r)) {
+            i++;
+            continue;
+        }
+        free(r->h);
+        *r = g_vmm.resv[--g_vmm.nresv];
+    }
 }
 
 /* At fini: the kept handles released again (those still refused stay for the next session). */
@@ -976,18 +1009,30 @@ static void vmm_fini(void) {
     if (g_vmm.nstale)
         SP_WARN(SP_SUB_DEVICE, "%zu page handle(s) the driver refused to release stay held",
                 g_vmm.nstale);
+    for (size_t i = 0; i < g_vmm.nresv; i++)
+        if (g_vmm.resv[i].dropped)
+            SP_WARN(SP_SUB_DEVICE,
+                    "device %d: the reservation at %#llx could not be given back (the driver "
+                    "refused an unmap or cuMemAddressFree): it stays held",
+                    g_vmm.resv[i].device, (unsigned long long)g_vmm.resv[i].base);
     pthread_mutex_unlock(&g_vmm.mu);
 }
 
-/* Unmap and release pages [i0, i1) of r that hold a handle (g_vmm.mu held); the first error. */
+/* Unmap and release pages [i0, i1) of r that hold a handle (g_vmm.mu held); the first error. A
+ * page whose unmap the driver refuses stays mapped with its handle: released now, its memory
+ * would stay held by the mapping ("freed when all outstanding mappings to the memory are
+ * unmapped", cuMemRelease), and with the handle gone nothing would ever unmap it. */
 static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
     sp_status_t res = SP_SUCCESS;
     for (size_t i = i0; i < i1; i++) {
         if (!r->h[i])
             continue;
         CUresult e = mapped ? g_vmm.unmap(r->base + i * r->page, r->page) : CUDA_SUCCESS;
-        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
-            res = cu_fail(e, "cuMemUnmap", r->device);
+        if (e != CUDA_SUCCESS) {
+            if (res == SP_SUCCESS)
+                res = cu_fail(e, "cuMemUnmap", r->device);
+            continue;
+        }
         vmm_release_handle(r->device, r->h[i]);
         r->h[i] = 0;
     }
@@ -1151,11 +1196,22 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
                         size);
     } else {
         res = vmm_drop(r, 0, size / r->page, true); /* pages still mapped go with it */
-        CUresult e = g_vmm.afree(a, size);
-        if (e != CUDA_SUCCESS && res == SP_SUCCESS)
+        CUresult e = res == SP_SUCCESS ? g_vmm.afree(a, size) : CUDA_SUCCESS;
+        if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemAddressFree", device);
-        free(r->h);
-        *r = g_vmm.resv[--g_vmm.nresv];
+        if (res == SP_SUCCESS) {
+            free(r->h);
+            *r = g_vmm.resv[--g_vmm.nresv];
+        } else {
+            /* A page the driver refused to unmap is still mapped (its handle kept), or the range
+             * is still reserved: kept, the release is finished by the next vmm call or at fini
+             * (vmm_retry_stale) instead of leaking the page's memory and the range. */
+            r->dropped = true;
+            SP_WARN(SP_SUB_DEVICE,
+                    "device %d: vmm_release of %p was refused by the driver; it is tried again "
+                    "later",
+                    device, base);
+        }
     }
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);

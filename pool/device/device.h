@@ -127,7 +127,10 @@ typedef struct sp_device_ops {
      *   SP_SUCCESS every page is unmapped, on an error every page is still mapped (the caller
      *   keeps the range cached), except an SP_ERR_DEVICE whose text says part of the range is
      *   lost (cuda: an unmap refused midway that could neither be undone nor finished).
-     * vmm_release: frees the reservation; pages still mapped are unmapped first. */
+     * vmm_release: frees the reservation; pages still mapped are unmapped first. A page the
+     *   driver refuses to unmap (cuda) stays mapped with its handle, the reservation is kept
+     *   (no longer usable), the error is returned, and a later vmm call or fini finishes the
+     *   release. */
     sp_status_t (*vmm_reserve)(int device, size_t size, size_t page, void **base_p);
     sp_status_t (*vmm_map)(int device, void *addr, size_t size);
     sp_status_t (*vmm_unmap)(int device, void *addr, size_t size);

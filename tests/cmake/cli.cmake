@@ -405,6 +405,20 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME summary_small_pool_unmap RC 0
     REGEX "from large pool +\\| +0 B +\\| +0 B +\\| +0 B +\\| +0 B +\\|\n\\| +from small pool +\\| +0 B +\\| +4.0 MiB +\\| +4.0 MiB +\\| +4.0 MiB"
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-small-unmap.json)
+  # A trace that names its entries' pools (sympool's snapshots: "pool_id" on a private pool's
+  # entries, none on the default pool's): a default-pool allocation at an address where a private
+  # pool's segment lies in the end state (made there after an empty_cache) is the default pool's,
+  # not routed by address into that pool, where it made a segment the recorded run never had.
+  sp_cli_check(NAME replay_pool_ids_name_the_default_pool RC 0
+    REGEX "peak reserved +0.020 GiB +recorded run: 0.020 GiB \\(\\+0.00%\\)"
+    ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-pool-ids-default.json)
+  # An expandable segment is no segment to PyTorch's memory_stats (map_block adds reserved bytes
+  # only) and its free blocks are no inactive split (free_block and alloc_found_block leave
+  # expandable segments out): of the two segments here, 40 MiB expandable and 20 MiB fixed, each
+  # with one free block, the fixed one alone is a reserved segment and non-releasable (15 MiB).
+  sp_cli_check(NAME summary_expandable_state RC 0
+    REGEX "Non-releasable memory +\\| +15.0 MiB .*Reserved segments +\\| +1 \\| +1 \\| +1 \\|.*Non-releasable allocs +\\| +1 \\|"
+    ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/snapshot-expandable-state.json)
   sp_cli_check(NAME summary_device_plus RC 2 REGEX "--device takes 0 to 4095, not '\\+0'"
     ARGS summary ${SMALL} -d +0)
   # A file that is not a pickle says so, not "memo key 105 is not defined".

@@ -1260,6 +1260,121 @@ TEST_F(CudaDoubleSympool, RefusedReleaseOfAPageIsTriedAgain) {
     EXPECT_EQ(used(0), 0u);
 }
 
+// vmm_release of a reservation with a page still mapped on the device (the allocator's books
+// say unmapped after a refused deferred unmap, expandable.c's pend_flush): cuMemUnmap refused
+// there left the page mapped while its handle was released and the reservation forgotten, so
+// nothing could ever unmap it, and cuMemRelease frees a page's memory only "when all outstanding
+// mappings to the memory are unmapped" (CUDA driver API, cuMemRelease). The backend keeps such a
+// page (mapped, its handle held) and the reservation, and finishes the release at its next vmm
+// call or at sp_shutdown.
+TEST_F(CudaDoubleSympool, RefusedUnmapInAReleaseIsTriedAgain) {
+    NEED_DOUBLE();
+    expect_warnings();
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    ASSERT_SP_OK(sp_init());
+    const sp_device_ops_t *ops = sp__device_cuda_ops();
+    size_t page = size_t(2) << 20;
+    void *base = nullptr;
+    ASSERT_SP_OK(ops->vmm_reserve(0, 4 * page, page, &base));
+    ASSERT_SP_OK(ops->vmm_map(0, base, 2 * page));
+    ASSERT_EQ(used(0), 2 * page);
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, 1); // the second page's unmap
+    EXPECT_SP_STATUS(ops->vmm_release(0, base, 4 * page), SP_ERR_DEVICE);
+    inject("cuMemUnmap", 0);
+    EXPECT_EQ(used(0), page) << "the refused page is still on the device";
+    // The next vmm call finishes the release.
+    void *other = nullptr;
+    ASSERT_SP_OK(ops->vmm_reserve(0, 4 * page, page, &other));
+    EXPECT_EQ(used(0), 0u) << "the refused page was unmapped and released by the next vmm call";
+    EXPECT_EQ(handles(), 0);
+    ASSERT_SP_OK(ops->vmm_release(0, other, 4 * page));
+    // Still refused at the next call: sp_shutdown releases it.
+    ASSERT_SP_OK(ops->vmm_reserve(0, 4 * page, page, &base));
+    ASSERT_SP_OK(ops->vmm_map(0, base, page));
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+    EXPECT_SP_STATUS(ops->vmm_release(0, base, 4 * page), SP_ERR_DEVICE);
+    EXPECT_EQ(used(0), page);
+    ASSERT_SP_OK(sp_shutdown());
+    EXPECT_EQ(used(0), 0u) << "sp_shutdown unmapped and released it";
+    EXPECT_EQ(handles(), 0);
+}
+
+// The undo of a failed map (cuMemSetAccess refused after every page was mapped) whose cuMemUnmap
+// the driver refuses too: the page's handle was released with the page still mapped and the
+// backend then counted it unmapped, so the segment's release skipped it and cuMemAddressFree was
+// refused: the page's memory and the range stayed held for the life of the process. The page
+// keeps its handle, and the segment's release unmaps it.
+TEST_F(CudaDoubleSympool, RefusedUnmapInTheUndoOfAMapIsNotLeaked) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    void *p = nullptr;
+    inject("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
+    inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+    sp_status_t s = sp_malloc(8 << 20, 0, nullptr, &p);
+    inject("cuMemSetAccess", 0);
+    inject("cuMemUnmap", 0);
+    EXPECT_SP_STATUS(s, SP_ERR_DEVICE);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    ASSERT_SP_OK(sp_empty_cache()); // the segment, unmapped in the books, is released
+    EXPECT_EQ(used(0), 0u) << "the page the undo could not unmap is still held";
+    EXPECT_EQ(handles(), 0);
+}
+
+// A growth's deferred unmaps (RECYCLE's, expandable.c's pend_flush) refused by the driver: the
+// books already count those pages unmapped while the device still maps them. They were forgotten
+// there, so every later growth into them failed ("vmm_map: page 0 is already mapped",
+// SP_ERR_INVALID_USAGE, for a call that did nothing wrong) for as long as their segment lived,
+// and the device held more than reserved_bytes, empty_cache or not. The pool keeps them: a
+// growth there takes the still-mapped pages over, and a release unmaps them.
+TEST_F(CudaDoubleSympool, RefusedDeferredUnmapIsTakenOverOrTriedAgain) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    const size_t mib = size_t(1) << 20;
+    // 4 MiB at 0 and at 4 MiB, the first freed; 6 MiB grows at 8 MiB, RECYCLE having unmapped
+    // [0, 4) MiB in the books, and the device refuses that unmap.
+    auto refuse_recycled_unmap = [&](void **a, void **b, void **c) {
+        ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, a));
+        ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, b));
+        ASSERT_SP_OK(sp_free(*a));
+        inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+        sp_status_t s = sp_malloc(6 * mib, 0, nullptr, c);
+        inject("cuMemUnmap", 0);
+        ASSERT_SP_OK(s);
+        ASSERT_EQ((uintptr_t)*c, (uintptr_t)*a + 8 * mib);
+        ASSERT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(10 * mib));
+        ASSERT_EQ(used(0), 14 * mib) << "the refused pages are still mapped";
+    };
+    void *a = nullptr, *b = nullptr, *c = nullptr, *e = nullptr;
+    ASSERT_NO_FATAL_FAILURE(refuse_recycled_unmap(&a, &b, &c));
+    // A growth there takes the pages over.
+    ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, &e));
+    EXPECT_EQ(e, a);
+    sp::touch(e, 4 * mib);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    EXPECT_EQ(used(0), 14 * mib);
+    for (void *p : {b, c, e})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+    // A release unmaps them while their segment lives on.
+    ASSERT_NO_FATAL_FAILURE(refuse_recycled_unmap(&a, &b, &c));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    EXPECT_EQ(used(0), 10 * mib);
+    ASSERT_SP_OK(sp_malloc(4 * mib, 0, nullptr, &e));
+    EXPECT_EQ(e, a);
+    for (void *p : {b, c, e})
+        ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 // ---- a fault-injection sweep of the cuda backend -----------------------------------------------
 
 // Every CUDA runtime and driver entry point sympool's pool reaches, each failed once at its 1st,

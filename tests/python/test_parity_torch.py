@@ -1655,3 +1655,304 @@ def test_snapshot_allocator_settings_cuda_keys():
     st = _settings_of({"PYTORCH_ALLOC_CONF":
                        "release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True"})
     assert (st["release_lock_on_cudamalloc"], st["pinned_use_cuda_host_register"]) == (True, True)
+
+
+# ---- TestBlockStateAbsorption and the graph tests, with a MemPool for the graph's private pool
+
+SMALL_SIZE, SMALL_BUFFER, LARGE_BUFFER = 1 << 20, 2 << 20, 20 << 20
+
+
+def test_allocate_in_thread_to_pool(sp):
+    # TestBlockStateAbsorption.test_allocate_in_thread_to_pool: a private pool that already holds
+    # one small segment (the captured torch.rand([4]), freed) is routed from one thread while
+    # another thread allocates the same sizes outside it. The routed thread's three live 20 MiB
+    # blocks take three large segments of the pool (one expandable segment with expandable
+    # segments on) and the other thread's never land there; once the pool goes, empty_cache
+    # releases them all.
+    sp.empty_cache()
+    pool = sp.MemPool()
+    with sp.use_mem_pool(pool):
+        sp.free(sp.malloc(16))
+    assert len(sp.memory_snapshot(pool.id)) == 1
+
+    def alloc_three():
+        a = sp.malloc(LARGE_BUFFER)
+        b = sp.malloc(LARGE_BUFFER)
+        c = sp.malloc(LARGE_BUFFER)  # c = a + b
+        for p in (a, b, c):
+            sp.free(p)
+
+    errors = []
+
+    def use_pool():
+        try:
+            with sp.use_mem_pool(pool):
+                for _ in range(10):
+                    alloc_three()
+            alloc_three()  # three more allocations, not in the pool
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    def no_pool():
+        try:
+            for _ in range(10):
+                a = sp.malloc(LARGE_BUFFER)
+                b = sp.malloc(LARGE_BUFFER)
+                sp.free(a)
+                sp.free(b)
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=use_pool), threading.Thread(target=no_pool)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    pool_id = pool.id
+    assert len(sp.memory_snapshot(pool_id)) == (2 if expandable(sp) else 4)
+    pool.destroy()  # del graph
+    gc.collect()
+    sp.empty_cache()
+    assert len(sp.memory_snapshot(pool_id)) == 0
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_graph_memory_stats_and_use_result_after_destroy_graph(sp, case):
+    # test_graph_memory_stats_and_use_result_after_destroy_graph: the capture's allocations land
+    # in its private pool (here a MemPool routed to); `b = a.clone()` then five times
+    # `b = b.clone() + 1` keeps at most three blocks of the size live, so the pool grows by the
+    # segments PyTorch's table names. After the pool goes and the cache is emptied, only b's
+    # segment stays. The device-wide stats of the size's pool count both. The capture's two rng
+    # holders (PyTorch's extra 2 blocks and 1024 bytes in the small cases) have no counterpart.
+    elem = 4
+    kMinLargeAlloc, kRoundLarge = 10 * MB, 2 * MB
+    round_large = kRoundLarge * ((kMinLargeAlloc + 512 + kRoundLarge - 1) // kRoundLarge)
+    cases = (
+        (512 // elem, 1, SMALL_BUFFER, SMALL_BUFFER, "small_pool"),
+        (SMALL_SIZE // elem, 2, 2 * SMALL_BUFFER, SMALL_BUFFER, "small_pool"),
+        ((SMALL_SIZE + 512) // elem, 1, LARGE_BUFFER, LARGE_BUFFER, "large_pool"),
+        ((kMinLargeAlloc - 512) // elem, 2, 2 * LARGE_BUFFER, LARGE_BUFFER, "large_pool"),
+        ((kMinLargeAlloc + 512) // elem, 3, 3 * round_large, round_large, "large_pool"),
+    )
+    numel, d_mallocs, d_bytes, d_bytes_post_del, pool_string = cases[case]
+    nbytes = numel * elem
+    exp = expandable(sp)
+    stats_to_check = ("segment.", "reserved_bytes.", "active.", "active_bytes.")
+    gc.collect()
+    sp.empty_cache()
+
+    a = sp.malloc(nbytes)  # the input, in the default pool, before the capture
+    pre = sp.memory_stats()
+    pool = sp.MemPool()
+    with sp.use_mem_pool(pool):  # g.capture_begin() ... g.capture_end()
+        b = sp.malloc(nbytes)  # b = a.clone()
+        for _ in range(5):  # b = b.clone() + 1
+            t = sp.malloc(nbytes)
+            r = sp.malloc(nbytes)
+            sp.free(t)
+            sp.free(b)
+            b = r
+    post = sp.memory_stats()
+    for stat, expected in zip(stats_to_check, (d_mallocs, d_bytes, 1, nbytes)):
+        stat = stat + pool_string + ".current"
+        # One expandable segment per pool and stream: mapping pages never counts a segment.
+        if exp and "segment" in stat:
+            expected = 0
+        # PyTorch does not unmap part of an expandable segment smaller than its page.
+        if exp and "reserved" in stat and case in (3, 4):
+            expected = 2 * LARGE_BUFFER
+        assert post[stat] - pre[stat] == expected, (stat, post[stat] - pre[stat], expected)
+
+    pool.destroy()  # del g
+    gc.collect()
+    sp.empty_cache()
+    postdel = sp.memory_stats()
+    # b, the graph's result, outlives its pool: the only live block left of it
+    for stat, expected in zip(stats_to_check, (1, d_bytes_post_del, 1, nbytes)):
+        stat = stat + pool_string + ".current"
+        if exp and "segment" in stat:
+            expected = 0
+        if exp and "reserved" in stat and case == 3:
+            expected = 2 * LARGE_BUFFER
+        if exp and "reserved" in stat and case == 4:
+            expected = LARGE_BUFFER
+        assert postdel[stat] - pre[stat] == expected, (stat, postdel[stat] - pre[stat], expected)
+    sp.free(a)
+    sp.free(b)
+    sp.empty_cache()
+
+
+def _func_with_temps(sp, t, nbytes):
+    # x = t.clone() + val; y = t.clone() + val; return x + y: each clone a temporary, freed
+    # once the sum it feeds exists; x and y freed when the function returns.
+    x_tmp = sp.malloc(nbytes)
+    x = sp.malloc(nbytes)
+    sp.free(x_tmp)
+    y_tmp = sp.malloc(nbytes)
+    y = sp.malloc(nbytes)
+    sp.free(y_tmp)
+    z = sp.malloc(nbytes)
+    sp.free(x)
+    sp.free(y)
+    return z
+
+
+def _chain(sp, b, nbytes, n):
+    for _ in range(n):  # b = func_with_temps(b, val)
+        z = _func_with_temps(sp, b, nbytes)
+        sp.free(b)
+        b = z
+    return b
+
+
+def test_graph_two_successive(sp):
+    # test_graph_two_successive: two captures, each making temporaries and keeping one result.
+    # Sharing one private pool (g1 captured into g0's pool) reserves one small segment fewer
+    # than two pools, each of which needs its own.
+    nbytes = 1000 * 4
+    reserved = {}
+    for share_mem in ("Don't share", "via pool()"):
+        sp.empty_cache()
+        a = sp.malloc(nbytes)
+        g0 = sp.MemPool()
+        with sp.use_mem_pool(g0):
+            b = sp.malloc(nbytes)  # b = a.clone()
+            b = _chain(sp, b, nbytes, 5)
+        g1 = g0 if share_mem == "via pool()" else sp.MemPool()
+        with sp.use_mem_pool(g1):
+            b = _chain(sp, b, nbytes, 5)
+        c = sp.malloc(nbytes)  # eager ops beside the replays, in the default pool
+        c = _chain(sp, c, nbytes, 6)
+        reserved[share_mem] = sp.memory_stats()["reserved_bytes.all.current"]
+        for p in (a, b, c):
+            sp.free(p)
+        for g in {id(g0): g0, id(g1): g1}.values():
+            g.destroy()
+        sp.empty_cache()
+    assert reserved["Don't share"] - reserved["via pool()"] == SMALL_BUFFER
+
+
+def test_graph_three_successive(sp):
+    # test_graph_three_successive: g0 makes b, c = b + 1, d = b + 2; g1 makes e = c + 3 and drops
+    # c; g2 makes f = d + 4. Sharing g0's pool, g2's f takes the block c left (which is why
+    # replaying g0, g2, g1 corrupts e in PyTorch); with pools of their own it cannot.
+    nbytes = 1000 * 4
+    for share_mem in ("Don't share", "via pool()"):
+        sp.empty_cache()
+        a = sp.malloc(nbytes)
+        g0 = sp.MemPool()
+        with sp.use_mem_pool(g0):
+            b = sp.malloc(nbytes)
+            c = sp.malloc(nbytes)
+            d = sp.malloc(nbytes)
+        g1 = g0 if share_mem == "via pool()" else sp.MemPool()
+        with sp.use_mem_pool(g1):
+            e = sp.malloc(nbytes)
+            c_ptr = c
+            sp.free(c)
+        g2 = g0 if share_mem == "via pool()" else sp.MemPool()
+        with sp.use_mem_pool(g2):
+            f = sp.malloc(nbytes)
+        if share_mem == "via pool()":
+            assert f == c_ptr
+        else:
+            assert f != c_ptr
+        for p in (a, b, d, e, f):
+            sp.free(p)
+        for g in {id(g0): g0, id(g1): g1, id(g2): g2}.values():
+            g.destroy()
+        sp.empty_cache()
+
+
+def test_mempool_limited_memory_with_allocator(sp):
+    # test_mempool_limited_memory_with_allocator as written upstream: both pools get segments
+    # from their own allocator (PyTorch's dummy one), so they keep fixed segments with expandable
+    # segments on too, and the memory fraction (80 MiB) still counts their segments. A request
+    # of the default pool that hits OOM borrows pool_use's free block (use_on_oom), never
+    # pool_do_not_use's.
+    calls, allocator = counting_allocator()
+    pool_do_not_use = sp.MemPool(allocator)
+    pool_use = sp.MemPool(allocator, use_on_oom=True)
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((80 * MB + sp.memory_reserved()) / total)
+    held = []
+    try:
+        with sp.use_mem_pool(pool_do_not_use):
+            a = sp.malloc(40 * MB)
+        with sp.use_mem_pool(pool_use):
+            b = sp.malloc(40 * MB)
+        with pytest.raises(sp.OutOfMemoryError):
+            held.append(sp.malloc(40 * MB))
+        sp.free(a)
+        sp.free(b)
+        c = sp.malloc(30 * MB)  # no OOM: pool_use's free block as the fallback
+        held.append(c)
+        with pytest.raises(sp.OutOfMemoryError):
+            held.append(sp.malloc(30 * MB))  # pool_do_not_use is never lent
+        sp.free(held.pop())
+        assert b == c
+        with sp.use_mem_pool(pool_use):
+            e = sp.malloc(20 * MB)
+        sp.free(e)
+        assert e == c
+        assert calls["alloc"] == 2
+    finally:
+        for p in held:
+            sp.free(p)
+        pool_use.destroy()
+        pool_do_not_use.destroy()
+        sp.set_per_process_memory_fraction(1.0)
+        sp.empty_cache()
+    assert calls == {"alloc": 2, "free": 2}  # the pools' destruction empties their caches
+
+
+def test_deleted_mempool_not_used_on_oom_with_allocator(sp):
+    # test_deleted_mempool_not_used_on_oom as written upstream: the use_on_oom pools have an
+    # allocator of their own (fixed segments, expandable segments or not). With 40 MiB allowed,
+    # ten pools each take and free 40 MiB and are deleted; a new one does the same. The default
+    # pool's 20 MiB requests then fall back to the new pool's free block, never a deleted pool's.
+    calls, allocator = counting_allocator()
+    sp.empty_cache()
+    total = sp.get_memory_info()[1]
+    sp.set_per_process_memory_fraction((40 * MB + sp.memory_reserved()) / total)
+    try:
+        for _ in range(10):
+            pool = sp.MemPool(allocator, use_on_oom=True)
+            with sp.use_mem_pool(pool):
+                a = sp.malloc(40 * MB)
+            sp.free(a)
+            pool.destroy()
+        assert calls == {"alloc": 10, "free": 10}
+        new_pool = sp.MemPool(allocator, use_on_oom=True)
+        with sp.use_mem_pool(new_pool):
+            a = sp.malloc(40 * MB)
+        sp.free(a)
+        b = sp.malloc(20 * MB)
+        c = sp.malloc(20 * MB)
+        assert {b, c} == {a, a + 20 * MB}
+        sp.free(b)
+        sp.free(c)
+        new_pool.destroy()
+        assert calls == {"alloc": 11, "free": 11}
+    finally:
+        sp.set_per_process_memory_fraction(1.0)
+        sp.empty_cache()
+
+
+def test_device_memory_used(sp):
+    # test_device_memory_used: the device's used memory (torch.cuda.device_memory_used, NVML's
+    # figure for every process; device_usage()["used"] here) grows by about a live 512 MiB
+    # allocation, which empty_cache cannot release.
+    sp.empty_cache()
+    a = sp.device_usage()["used"]
+    num_bytes = 512 * MB
+    p = sp.malloc(num_bytes)
+    try:
+        sp.empty_cache()
+        b = sp.device_usage()["used"]
+        assert num_bytes // 32 <= b - a <= num_bytes * 32
+    finally:
+        sp.free(p)
+        sp.empty_cache()

@@ -1432,6 +1432,21 @@ TEST(CoreFileWrite, BadInputIsRefusedByName) {
     }
 }
 
+// The report's and the CLI's sizes (SP_SIZE_HUMAN) are in the largest unit that keeps the number
+// below 1024 (size_format.c): a figure that rounds up to 1024 of a unit is 1 of the next, as the
+// summary cells' is. 1 MiB - 1 byte was "1024.00 KiB", and a mean of 1023.75 bytes "1024 B".
+TEST(CoreSizeFormat, HumanSizesStayBelow1024OfTheirUnit) {
+    char buf[64];
+    EXPECT_STREQ(sp__size_format(1048575, SP_SIZE_HUMAN, buf, sizeof buf), "1.00 MiB");
+    EXPECT_STREQ(sp__size_format(1023.75, SP_SIZE_HUMAN, buf, sizeof buf), "1.00 KiB");
+    EXPECT_STREQ(sp__size_format(-1048575, SP_SIZE_HUMAN, buf, sizeof buf), "-1.00 MiB");
+    EXPECT_STREQ(sp__size_format(1023, SP_SIZE_HUMAN, buf, sizeof buf), "1023 B");
+    EXPECT_STREQ(sp__size_format(1048063, SP_SIZE_HUMAN, buf, sizeof buf), "1023.50 KiB");
+    EXPECT_STREQ(sp__size_format(1024.0 * 1024 * 1024 - 1, SP_SIZE_HUMAN, buf, sizeof buf),
+                 "1.00 GiB");
+    EXPECT_STREQ(sp__size_format(1048575, SP_SIZE_CELL, buf, sizeof buf), "   1.0 MiB");
+}
+
 // A program that calls setlocale (a decimal comma: de_DE) changed what sympool read and wrote:
 // strtod stopped at the '.' of "garbage_collection_threshold:0.6" (refused), "%.2f" wrote OOM
 // sizes as "1,50 MiB", and a JSON float as 0,5 (no JSON reader takes it). Numbers are read and

@@ -340,7 +340,8 @@ namespace {
 // not survive fork()): every call fails with SP_ERR_DEVICE and says so. The pool calls said
 // instead that the handle "is stale: its pool was released by sp_shutdown" (SP_ERR_INVALID_USAGE)
 // and sp_record_stream that the block was "not a live sympool block": no shutdown happened, and
-// the block is live in the parent.
+// the block is live in the parent. sp_torch_free said "sympool is not initialized, so this is not
+// its pointer", and sp_torch_malloc "could not start a device backend".
 TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
     expect_warnings();
     sp_mempool_t *pool = nullptr;
@@ -364,16 +365,48 @@ TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyEveryCallFails) {
         bad |= said_fork(sp_mempool_destroy(pool)) ? 0 : 8;
         bad |= said_fork(sp_record_stream(p, nullptr)) ? 0 : 16;
         bad |= said_fork(sp_free(p)) ? 0 : 32;
+        // The PyTorch entry points return no status: their last error says it. A failure of
+        // another kind first, so that a stale text does not pass.
+        auto torch_said_fork = [](auto call) {
+            (void)sp_malloc(16, 0, nullptr, nullptr); // "ptr_p is NULL"
+            call();
+            return std::string(sp_last_error()).find("forked") != std::string::npos;
+        };
+        bad |= torch_said_fork([&] { sp_torch_free(p, 4096, 0, nullptr); }) ? 0 : 64;
+        bad |= torch_said_fork([] { (void)sp_torch_malloc(4096, 0, nullptr); }) ? 0 : 128;
         _exit(bad);
     }
     int st = 0;
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
     ASSERT_TRUE(WIFEXITED(st));
     EXPECT_EQ(WEXITSTATUS(st), 0) << "bits: 1 sp_malloc, 2 sp_mempool_malloc, 4 begin, "
-                                     "8 destroy, 16 sp_record_stream, 32 sp_free";
+                                     "8 destroy, 16 sp_record_stream, 32 sp_free, "
+                                     "64 sp_torch_free, 128 sp_torch_malloc";
     ASSERT_SP_OK(sp_free(p));
     ASSERT_SP_OK(sp_mempool_destroy(pool));
     ASSERT_SP_OK(sp_empty_cache());
+}
+
+// The same for a torch.cuda.MemPool segment (sp_torch_segment_malloc) the child inherited: its
+// free said "not a live segment of sp_torch_segment_malloc", set no last error, and took the
+// segment out of the child's registry; it is live in the parent.
+TEST_F(CudaPaths, AForkChildOfACudaParentSaysWhyATorchSegmentFreeFails) {
+    expect_warnings();
+    void *seg = sp_torch_segment_malloc(2 * MiB, 0, nullptr);
+    ASSERT_NE(seg, nullptr) << sp_last_error();
+    fflush(nullptr);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        (void)sp_malloc(16, 0, nullptr, nullptr); // another failure first: "ptr_p is NULL"
+        sp_torch_segment_free(seg, 2 * MiB, 0, nullptr);
+        _exit(std::string(sp_last_error()).find("forked") != std::string::npos ? 0 : 1);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_EQ(WEXITSTATUS(st), 0) << "the child's sp_torch_segment_free did not say why";
+    sp_torch_segment_free(seg, 2 * MiB, 0, nullptr);
 }
 
 } // namespace
