@@ -20,13 +20,15 @@ set(SP_MN_RUN ${PROJECT_SOURCE_DIR}/tests/multinode/mn-run.sh)
 #                   [PASS regex] [FAIL regex])
 # CUDA_DOUBLE: the cuda backend under the CUDA/NCCL test doubles (cuda_double.cmake's
 # environment; labels multinode and cuda_double).
+# ppn: ranks per node, or one count per node ("1,2,1": uneven nodes; the test's name says 1-2-1).
 function(sp_multinode_test name nodes ppn)
   cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV" ${ARGN})
-  set(t multinode.${name}.${nodes}x${ppn})
+  string(REPLACE "," "-" shape "${ppn}")
+  set(t multinode.${name}.${nodes}x${shape})
   set(labels multinode)
   set(env ${SP_TEST_ENV})
   if(MN_CUDA_DOUBLE)
-    set(t multinode.cuda_double.${name}.${nodes}x${ppn})
+    set(t multinode.cuda_double.${name}.${nodes}x${shape})
     set(labels multinode cuda_double)
     set(env ${SP_DBL_ENV_BASE})
   endif()
@@ -71,6 +73,12 @@ foreach(shape "2;2" "3;1")
       FAIL "sym-exit: FAIL")
   endforeach()
 endforeach()
+
+# Uneven nodes, as a hostfile with different slots per host gives, mapped round-robin over the
+# nodes (--map-by node: ranks 0,3 on the first node, 1 on the second, 2,4 on the third), so
+# that no node's ranks are consecutive and the nodes' sizes differ: the node table, local ranks
+# and devices against the host names and MPI's own split.
+sp_multinode_test(world_nodes_by_node 3 "2,1,2" TARGET test_world_nodes MPIRUN --map-by node)
 
 # mn-run.sh stopped by SIGTERM while its job runs ends at once and removes its namespaces,
 # files and the job's processes (the job would sleep for an hour: a script that cleans up only
