@@ -118,6 +118,11 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
   sp_multinode_test(world_init_one_gpu_per_node 2 2 TARGET sp_world_init_self CUDA_DOUBLE
     MPIRUN --mca orte_abort_on_non_zero_status 0 ENV "CUDA_DOUBLE_GPUS=1"
     PASS "${why}.*${refused}.*${refused}.*${refused}.*${refused}" FAIL "world-init-self: ok")
+  # A rank short of host memory for its node's GPU table, on uneven nodes (1+2+1 ranks): the
+  # failing rank is one that shares its node, chosen alike on every rank.
+  sp_multinode_test(node_gpu_table 3 "1,2,1" TARGET test_cuda_double_mpi CUDA_DOUBLE
+    ARGS "--gtest_filter=CudaDoubleMpi.NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank"
+    ENV "CUDA_DOUBLE_GPUS=2" "CUDA_DOUBLE_MEMORY=256MiB" "SYMPOOL_SYM_TIMEOUT=20")
   # A rank that dies before a symmetric malloc (ncclMemAlloc and the window registration) or an
   # allreduce (ncclAllReduce): the survivors on both nodes time out in the round before NCCL,
   # none waits inside it. At 2x2 only: the rounds are the same code at 3x1.
