@@ -17,12 +17,13 @@ set(SP_MN_RUN ${PROJECT_SOURCE_DIR}/tests/multinode/mn-run.sh)
 # This file is read after every other module (tests/CMakeLists.txt), so the targets it runs exist
 # here; $<TARGET_FILE> resolves them at generation time.
 # sp_multinode_test(NAME nodes ppn TARGET target [CUDA_DOUBLE] [ARGS ...] [MPIRUN ...] [ENV ...]
-#                   [PASS regex] [FAIL regex])
+#                   [WRAP command ...] [PASS regex] [FAIL regex])
+# WRAP: a command each rank runs the target through (it execs the target with its arguments).
 # CUDA_DOUBLE: the cuda backend under the CUDA/NCCL test doubles (cuda_double.cmake's
 # environment; labels multinode and cuda_double).
 # ppn: ranks per node, or one count per node ("1,2,1": uneven nodes; the test's name says 1-2-1).
 function(sp_multinode_test name nodes ppn)
-  cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV" ${ARGN})
+  cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV;WRAP" ${ARGN})
   string(REPLACE "," "-" shape "${ppn}")
   set(t multinode.${name}.${nodes}x${shape})
   set(labels multinode)
@@ -33,7 +34,8 @@ function(sp_multinode_test name nodes ppn)
     set(env ${SP_DBL_ENV_BASE})
   endif()
   add_test(NAME ${t}
-    COMMAND ${SP_MN_RUN} ${nodes} ${ppn} ${MN_MPIRUN} -- $<TARGET_FILE:${MN_TARGET}> ${MN_ARGS})
+    COMMAND ${SP_MN_RUN} ${nodes} ${ppn} ${MN_MPIRUN} -- ${MN_WRAP} $<TARGET_FILE:${MN_TARGET}>
+            ${MN_ARGS})
   set_tests_properties(${t} PROPERTIES LABELS "${labels}" TIMEOUT 150 SKIP_RETURN_CODE 77
     # Namespaces and the private subnet are per run, but two jobs at once would only compete
     # for the same cores: the label runs one job at a time.
@@ -79,6 +81,14 @@ endforeach()
 # that no node's ranks are consecutive and the nodes' sizes differ: the node table, local ranks
 # and devices against the host names and MPI's own split.
 sp_multinode_test(world_nodes_by_node 3 "2,1,2" TARGET test_world_nodes MPIRUN --map-by node)
+
+# Nodes whose hosts share a short name (every node's host is twin.<its own name>): the reports
+# still name each node apart (Prometheus' node label, JSON, the table). Each node gets its own
+# /dev/shm (MN_PRIVATE_SHM), which Open MPI needs when host names collide.
+sp_multinode_test(stats_report_same_host_name 2 2 TARGET test_stats_report
+  WRAP ${PROJECT_SOURCE_DIR}/tests/multinode/mn-same-name.sh twin
+  ARGS "--gtest_filter=StatsReport.NodesSharingAHostNameAreToldApart:StatsReport.PrometheusHasEveryKeyForEveryRankAsLabelledFamilies:StatsReport.JsonParsesBackAndMatchesTheAggregate"
+  ENV "MN_PRIVATE_SHM=1")
 
 # mn-run.sh stopped by SIGTERM while its job runs ends at once and removes its namespaces,
 # files and the job's processes (the job would sleep for an hour: a script that cleans up only

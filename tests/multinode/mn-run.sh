@@ -27,6 +27,10 @@
 # (ctest SKIP_RETURN_CODE) with "mn-run: SKIP: <reason>" when this machine cannot make the nodes
 # (not root, no `ip`/`unshare`, no network namespaces, veth or bridge devices).
 # MN_MPIRUN overrides the launcher (default: mpirun from PATH). MN_VERBOSE=1 traces the set-up.
+# MN_PRIVATE_SHM=1 gives every node a /dev/shm of its own (a tmpfs in a mount namespace of the
+# node's daemon), as separate machines have: Open MPI names its shared-memory segments after the
+# rank's host name, so ranks that give several nodes one host name (tests/multinode/
+# mn-same-name.sh) need it. Off by default: the CUDA/NCCL doubles join nodes through /dev/shm.
 set -u
 
 PREFIX=spmn
@@ -183,6 +187,11 @@ case "$host" in
 spmn-[0-9]*-n[0-9]*) ;;
 *) echo "mn-run agent: refusing unknown host '$host'" >&2; exit 255 ;;
 esac
+if [ "${MN_PRIVATE_SHM:-0}" = 1 ]; then
+    exec ip netns exec "$host" unshare --uts --mount --propagation private sh -c \
+        'mount -t tmpfs -o mode=1777 spmn-shm /dev/shm && hostname "$1" && exec sh -c "$2"' \
+        sh "$host" "$*"
+fi
 exec ip netns exec "$host" unshare --uts sh -c 'hostname "$1" && exec sh -c "$2"' sh "$host" "$*"
 EOF
 chmod 755 "$TMP/agent"
