@@ -2168,7 +2168,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     d->nstreams = streams.n;
 
     /* Reserved before each event, walking back from the end state. */
-    int64_t r = (int64_t)d->final_reserved, peak = r;
+    int64_t r = (int64_t)d->final_reserved, peak = r, low = 0;
     for (size_t i = d->nev; i-- > 0;) {
         const tr_event_t *e = &d->ev[i];
         if (e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_MAP)
@@ -2177,6 +2177,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             r += (int64_t)e->size;
         if (r > peak)
             peak = r;
+        if (r < low)
+            low = r;
         if (r >= TR_SUM_LIMIT || r <= -TR_SUM_LIMIT) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu]: the segments reserved at once reach 4 EiB", dev, i);
@@ -2185,6 +2187,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     }
     d->start_reserved = r > 0 ? (uint64_t)r : 0;
     d->peak_reserved = (uint64_t)peak;
+    /* Walked back from the end, the segments a consistent trace reserved never go below 0; where
+     * they do, segments were released with no segment_free or segment_unmap entry (skip_actions
+     * left them out) or are missing from the snapshot's segments, and PyTorch's reserved bytes
+     * before that point, its peak included, are at least those counted. */
+    d->unrecorded_free = (uint64_t)-low;
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {

@@ -151,7 +151,11 @@ typedef struct tr_device {
     size_t final_segments;    /* the final segments (the snapshot's segments of this device) */
     uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
     uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
-    uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace */
+    uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace (a floor when
+                               * unrecorded_free is not 0) */
+    uint64_t unrecorded_free; /* how far the reserved bytes walked back from the end go below
+                               * 0: at least these bytes of segments were released with no
+                               * entry for it (0 in a consistent trace) */
     uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
     size_t recorded_ooms;     /* oom events in the trace */
     tr_meta_t *meta;          /* events with a user_metadata other than "", in event order (NULL

@@ -834,6 +834,14 @@ if(TARGET sympool_cli)
     TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "\"recorded_ooms\":0,.*\"differs_because\":\"the replay hit 70 OOMs at the emulated device's capacity, where the recorded run hit 0 "
     FAIL_REGULAR_EXPRESSION "the recorded run hit OOM")
+  # A trace recorded with _record_memory_history(skip_actions=["segment_free"]): the 30 MiB
+  # segment was released (empty_cache) with no entry for it, so the replay keeps it and reserves
+  # 80 MiB where PyTorch had 50; the reason given was only "the allocators chose differently".
+  add_test(NAME cli.replay_says_segment_frees_are_missing COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-skip-segment-free.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-skip-segment-free.json'")
+  set_tests_properties(cli.replay_says_segment_frees_are_missing PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":83886080,\"pytorch_peak_reserved_bytes\":52428800,.*\"differs_because\":\"segments of at least 0.029 GiB were released with no segment_free or segment_unmap entry.*segments of at least 0.029 GiB released with no segment_free")
   # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
   # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
   # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.
