@@ -1634,6 +1634,22 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
     return a < d->nsfree && d->sfree[a].addr == addr ? &d->sfree[a] : NULL;
 }
 
+/* Whether segment free f can be a release inside the malloc whose segment allocation is next (a
+ * run of them before it is then no empty_cache). Garbage collection frees whole segments of the
+ * large pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least
+ * 10 MiB); release_available_cached_blocks, after a failed cudaMalloc, whole segments of at
+ * least max_split_size on the request's stream; neither frees an expandable segment's pages
+ * (CUDACachingAllocator.cpp, garbage_collect_cached_blocks, release_available_cached_blocks).
+ * The user's empty_cache frees every free segment, and the next malloc often allocates one. */
+static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *f,
+                               const tr_event_t *next) {
+    if (f->action != TR_SEGMENT_FREE)
+        return false;
+    bool gc = set->gc && f->size > ((uint64_t)2 << 20);
+    bool split = set->mss != 0 && f->size >= set->mss && f->stream == next->stream;
+    return gc || split;
+}
+
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
@@ -2155,8 +2171,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
             j++;
         }
-        bool internal = set->gc_or_split && j < d->nev &&
+        bool internal = j < d->nev &&
                         (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP);
+        for (size_t k = i; k < j && internal; k++)
+            internal = released_in_malloc(set, &d->ev[k], &d->ev[j]);
         if (internal) {
             d->internal_frees += j - i;
         } else {
@@ -2325,7 +2343,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     const pk_value_t *split = pk_get(as, "max_split_size");
     if (split != NULL && split_clamped(split)) {
         ADD("max_split_size_mb:%llu", (unsigned long long)(SPLIT_CLAMPED >> 20));
-        st->gc_or_split = true;
+        st->mss = SPLIT_CLAMPED;
     } else if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
         /* PyTorch's values are whole MiB; sympool's SYMPOOL_MAX_SPLIT_SIZE may not be, and
          * rounded down into max_split_size_mb it replayed another allocator (20.5 MiB as 20).
@@ -2334,7 +2352,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
             st->split_bytes = (uint64_t)mss;
         else
             ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
-        st->gc_or_split = true;
+        st->mss = (uint64_t)mss;
     }
     double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
     if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
@@ -2345,7 +2363,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         if (strtod(num, NULL) != gc)
             snprintf(num, sizeof num, "%.17g", gc);
         ADD("garbage_collection_threshold:%s", num);
-        st->gc_or_split = true;
+        st->gc = true;
     }
     const pk_value_t *ex = pk_get(as, "expandable_segments");
     if (ex != NULL && ex->type == PK_BOOL) {

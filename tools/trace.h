@@ -197,7 +197,9 @@ typedef struct tr_settings {
     char invalid[320]; /* why conf is no configuration PyTorch accepts ("" when it is one): every
                         * command loads the snapshot (as PyTorch's viewer does) and says so;
                         * replay cannot replay it (--conf replaces it) */
-    bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
+    bool gc;           /* a gc threshold is set: garbage collection may release inside malloc */
+    uint64_t mss;      /* max_split_size when set, else 0: a malloc whose cudaMalloc failed may
+                        * release free segments of at least this size on its stream */
     bool expandable;   /* the recorded run used expandable segments (unrecorded: off) */
     /* The recorded max_split_size when it is no whole MiB (sympool's SYMPOOL_MAX_SPLIT_SIZE
      * takes bytes; PyTorch's max_split_size_mb, and so conf, only MiB), 0 otherwise: set as

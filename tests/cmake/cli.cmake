@@ -851,6 +851,15 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_default_pool_entry_without_pool_id PROPERTIES LABELS "unit;cli"
     TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":41943040,\"pytorch_peak_reserved_bytes\":41943040,")
+  # With max_split_size recorded, every run of segment frees before a segment allocation was read
+  # as a release inside that malloc, so the user's empty_cache (its 20 MiB segment, under the
+  # 64 MiB max_split_size that release_available_cached_blocks frees at least) was not replayed:
+  # 50 MiB reserved where PyTorch had 30.
+  add_test(NAME cli.replay_empty_cache_under_max_split_size COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-split-empty-cache.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-split-empty-cache.json'")
+  set_tests_properties(cli.replay_empty_cache_under_max_split_size PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":31457280,\"pytorch_peak_reserved_bytes\":31457280,.*\"empty_caches\":1,.*empty_cache calls: 1. frees held for other streams: 0. releases inside malloc: 0 segment frees")
   # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
   # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
   # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.
