@@ -1634,19 +1634,24 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
     return a < d->nsfree && d->sfree[a].addr == addr ? &d->sfree[a] : NULL;
 }
 
-/* Whether segment free f can be a release inside the malloc whose segment allocation is next (a
- * run of them before it is then no empty_cache). Garbage collection frees whole segments of the
- * large pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least
- * 10 MiB); release_available_cached_blocks, after a failed cudaMalloc, whole segments of at
- * least max_split_size on the request's stream; neither frees an expandable segment's pages
- * (CUDACachingAllocator.cpp, garbage_collect_cached_blocks, release_available_cached_blocks).
- * The user's empty_cache frees every free segment, and the next malloc often allocates one. */
-static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *f,
-                               const tr_event_t *next) {
-    if (f->action != TR_SEGMENT_FREE)
-        return false;
-    bool gc = set->gc && f->size > ((uint64_t)2 << 20);
-    bool split = set->mss != 0 && f->size >= set->mss && f->stream == next->stream;
+/* Whether the segment frees ev[i..j) can be releases inside the malloc whose segment allocation
+ * ev[j] is (the run is then no empty_cache). Garbage collection frees whole segments of the large
+ * pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least 10 MiB);
+ * release_available_cached_blocks, after a failed cudaMalloc, frees on the request's stream one
+ * segment, or else segments of at least max_split_size and under the request, largest first;
+ * neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
+ * garbage_collect_cached_blocks, release_available_cached_blocks). The user's empty_cache frees
+ * every free segment, and the next malloc often allocates one. */
+static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i, size_t j) {
+    bool gc = set->gc, split = set->mss != 0;
+    for (size_t k = i; k < j && (gc || split); k++) {
+        const tr_event_t *f = &ev[k];
+        if (f->action != TR_SEGMENT_FREE)
+            return false;
+        gc = gc && f->size > ((uint64_t)2 << 20);
+        split = split && f->size >= set->mss && f->stream == ev[j].stream &&
+                (j - i == 1 || (f->size < ev[j].size && (k == i || f->size <= ev[k - 1].size)));
+    }
     return gc || split;
 }
 
@@ -2171,10 +2176,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->ev[j].pool = pool_at(ranges, nranges, d->ev[j].addr);
             j++;
         }
-        bool internal = j < d->nev &&
-                        (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP);
-        for (size_t k = i; k < j && internal; k++)
-            internal = released_in_malloc(set, &d->ev[k], &d->ev[j]);
+        bool internal =
+            j < d->nev &&
+            (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP) &&
+            released_in_malloc(set, d->ev, i, j);
         if (internal) {
             d->internal_frees += j - i;
         } else {
