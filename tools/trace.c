@@ -2645,29 +2645,14 @@ static bool from_doc(pk_doc_t *doc, recs_t *recs, size_t len, bool want_sfree, t
         snprintf(err, errlen, "out of memory");
         return false;
     }
-    bool names_pools = false; /* some entry of the snapshot has a pool_id */
     for (int d = 0; d < ndev; d++) {
         /* times and stacks: a load with stacks keeps them (want_sfree), as does a document
          * parsed by the caller (no recs) */
         if (!load_events(pk_at(traces, (size_t)d), recs, recs == NULL || want_sfree, d, &t->dev[d],
-                         err, errlen))
+                         err, errlen) ||
+            !analyse(segments, recs, &t->settings, want_sfree, d, &t->dev[d], err, errlen))
             return false;
-        for (size_t i = 0; i < t->dev[d].nev && !names_pools; i++)
-            names_pools = (t->dev[d].ev[i].flags & TR_F_POOL_ID) != 0;
     }
-    /* Where the snapshot names pools at all, an entry without a pool_id is the default pool's:
-     * PyTorch writes one on every entry, sympool's snapshots only on a private pool's. Routed by
-     * its address instead, a default-pool block at an address a private pool's segment took
-     * after an empty_cache went into that pool. */
-    for (int d = 0; d < ndev && names_pools; d++)
-        for (size_t i = 0; i < t->dev[d].nev; i++)
-            if (!(t->dev[d].ev[i].flags & TR_F_POOL_ID)) {
-                t->dev[d].ev[i].flags |= TR_F_POOL_ID;
-                t->dev[d].ev[i].pool = 0;
-            }
-    for (int d = 0; d < ndev; d++)
-        if (!analyse(segments, recs, &t->settings, want_sfree, d, &t->dev[d], err, errlen))
-            return false;
     return true;
 }
 

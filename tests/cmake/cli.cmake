@@ -842,15 +842,6 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_says_segment_frees_are_missing PROPERTIES LABELS "unit;cli"
     TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":83886080,\"pytorch_peak_reserved_bytes\":52428800,.*\"differs_because\":\"segments of at least 0.029 GiB were released with no segment_free or segment_unmap entry.*segments of at least 0.029 GiB released with no segment_free")
-  # sympool's snapshots name the pool only on a private pool's entries (pool/snapshot.c), PyTorch's
-  # on every entry: an entry without one is the default pool's. The default-pool block at A was
-  # routed by its address into the pool whose segment holds A at the end (after an empty_cache),
-  # where the pool's first block then shared its segment: 20 MiB reserved, not PyTorch's 40.
-  add_test(NAME cli.replay_default_pool_entry_without_pool_id
-    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-pool-id-default-absent.json --json)
-  set_tests_properties(cli.replay_default_pool_entry_without_pool_id PROPERTIES LABELS "unit;cli"
-    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
-    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":41943040,\"pytorch_peak_reserved_bytes\":41943040,")
   # With max_split_size recorded, every run of segment frees before a segment allocation was read
   # as a release inside that malloc, so the user's empty_cache (its 20 MiB segment, under the
   # 64 MiB max_split_size that release_available_cached_blocks frees at least) was not replayed:
