@@ -79,6 +79,7 @@ typedef struct gathered {
     const sp_world_t *w;                /* the world (node of each rank: local queries) */
     int nnodes;                         /* sp_world_node_count(w) */
     agg_t *nodes;                       /* rank 0, when asked: [nnodes][nkeys + N_SYM] */
+    unsigned char *twin;                /* rank 0, when asked: [nnodes], 1: name not unique */
     int64_t *rows;                      /* rank 0 of Prometheus: [nranks][nkeys + N_SYM] */
     int worst_w;                        /* width of the table's "worst" column */
     int dev_lo, dev_hi;                 /* the smallest and largest device the ranks reported */
@@ -113,6 +114,7 @@ typedef struct prep {
     MPI_Op op;            /* combine (MPI_OP_NULL until made) */
     int *counts, *displs; /* rank 0 of a report: gather_nodes' MPI_Gatherv, [nranks] each */
     agg_t *nodes;         /* rank 0 of a report: the nodes' records, [nnodes][nrec] */
+    unsigned char *twin;  /* rank 0 of a report: [nnodes], 1 for a name another node has too */
     int64_t *rows;        /* rank 0 of a Prometheus report: every rank's values, [nranks][nrec-1] */
 } prep_t;
 
@@ -130,7 +132,42 @@ static void prep_free(prep_t *p) {
     free(p->counts);
     free(p->displs);
     free(p->nodes);
+    free(p->twin);
     free(p->rows);
+}
+
+/* One node's name and index, to find the names that several nodes share. */
+typedef struct {
+    const char *name;
+    int node;
+} named_t;
+
+static int by_name(const void *a, const void *b) {
+    const named_t *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->node > y->node) - (x->node < y->node);
+}
+
+/* twin[k] = 1 when another node of the world has node k's name: host names are cut at the first
+ * dot (gpu01.rack1 and gpu01.rack2 are both gpu01), and hosts or containers may share a name
+ * outright, while MPI still makes them distinct nodes. The reports then label such a node with
+ * its index too, so that nothing sums two nodes as one (Prometheus' sum by (node)). Sorting
+ * makes it O(n log n) in the nodes. False when memory is short. */
+static bool find_twins(const sp_world_t *w, int nnodes, unsigned char *twin) {
+    named_t *v = malloc((size_t)nnodes * sizeof *v);
+    if (!v)
+        return false;
+    for (int k = 0; k < nnodes; k++) {
+        const char *name = sp_world_node_name(w, k);
+        v[k] = (named_t){name ? name : "", k};
+        twin[k] = 0;
+    }
+    qsort(v, (size_t)nnodes, sizeof *v, by_name);
+    for (int i = 1; i < nnodes; i++)
+        if (strcmp(v[i - 1].name, v[i].name) == 0)
+            twin[v[i - 1].node] = twin[v[i].node] = 1;
+    free(v);
+    return true;
 }
 
 /* Makes *p (every member NULL before) for nrec records; `rank0_tables`: rank 0 of a report.
@@ -157,9 +194,10 @@ static sp_status_t prepare(const gathered_t *g, size_t nrec, bool rank0_tables, 
     p->counts = calloc(n, sizeof *p->counts);
     p->displs = calloc(n, sizeof *p->displs);
     p->nodes = malloc(nn * nrec * sizeof *p->nodes);
+    p->twin = malloc(nn);
     p->rows = prom ? malloc(n * (nrec - 1) * sizeof *p->rows) : NULL;
-    if (!p->counts || !p->displs || !p->nodes || (prom && !p->rows) ||
-        fail == SP_STATS_TEST_FAIL_TABLES)
+    if (!p->counts || !p->displs || !p->nodes || !p->twin || (prom && !p->rows) ||
+        !find_twins(g->w, g->nnodes, p->twin) || fail == SP_STATS_TEST_FAIL_TABLES)
         return sp__error(SP_ERR_SYSTEM, SP_SUB_COLL,
                          "%s: out of host memory for rank 0's tables (%d ranks on %d nodes)", fn,
                          g->nranks, g->nnodes);
@@ -237,6 +275,8 @@ static sp_status_t reduce_all(sp_world_t *w, agg_t *rec, size_t nrec, bool per_n
     memcpy(g->sym, res + g->nkeys, N_SYM * sizeof(agg_t));
     g->rows = p->rows; /* rank 0 of a Prometheus report; sp_stats_report gathers into it */
     p->rows = NULL;
+    g->twin = p->twin; /* rank 0 of a report */
+    p->twin = NULL;
     return SP_SUCCESS;
 }
 
@@ -288,7 +328,7 @@ static sp_status_t gather_all(sp_world_t *w, int device, int format, bool local_
     g->nnodes = sp_world_node_count(w);
     if (local_ok)
         local_ok = own_values(w, device, g, reason, sizeof reason);
-    prep_t p = {MPI_DATATYPE_NULL, MPI_OP_NULL, NULL, NULL, NULL, NULL};
+    prep_t p = {MPI_DATATYPE_NULL, MPI_OP_NULL, NULL, NULL, NULL, NULL, NULL};
     sp_status_t mine = SP_SUCCESS;
     if (local_ok && (mine = prepare(g, nrec, per_node && rank == 0, format, fn, &p)) != SP_SUCCESS)
         snprintf(reason, sizeof reason, "%s", sp_last_error());
@@ -366,16 +406,30 @@ static const char *human(double v, bool bytes, char *buf, size_t len) {
  * to look at (a leak, a skewed shard, a straggler's cache). */
 #define IMBALANCE_MARK 1.10
 
+/* A node as the reports name it: its host name, and "name#k" (k its index, as JSON's "node")
+ * when another node of the world has that name too (find_twins). */
+#define NODE_LABEL (SP_WORLD_NODE_NAME + 16)
+static const char *node_label(const gathered_t *g, int node, char *buf, size_t len) {
+    const char *name = sp_world_node_name(g->w, node);
+    if (!name)
+        return "?";
+    if (!g->twin || !g->twin[node])
+        return name;
+    snprintf(buf, len, "%s#%d", name, node);
+    return buf;
+}
+
 /* "3@node7": a rank with the name of its node. */
 static const char *rank_at(const gathered_t *g, int rank, char *buf, size_t len) {
-    const char *node = sp_world_node_name(g->w, sp_world_node(g->w, rank));
-    snprintf(buf, len, "%d@%s", rank, node ? node : "?");
+    char label[NODE_LABEL];
+    snprintf(buf, len, "%d@%s", rank,
+             node_label(g, sp_world_node(g->w, rank), label, sizeof label));
     return buf;
 }
 
 static void table_row(FILE *out, const gathered_t *g, const char *key, const agg_t *a, bool bytes) {
     int n = g->nranks;
-    char mn[32], me[32], mx[32], imb[16], worst[96];
+    char mn[32], me[32], mx[32], imb[16], worst[NODE_LABEL + 16];
     double mean = (double)a->sum / n;
     double ratio = mean > 0 ? (double)a->max / mean : 0;
     if (mean > 0)
@@ -426,8 +480,9 @@ static void table_head(FILE *out, gathered_t *g) {
     /* The "worst" column fits the longest rank@node. */
     g->worst_w = 6;
     for (int k = 0; k < g->nnodes; k++) {
-        const char *name = sp_world_node_name(g->w, k);
-        int len = (int)snprintf(NULL, 0, "%d@%s", g->nranks - 1, name ? name : "?");
+        char label[NODE_LABEL];
+        int len =
+            (int)snprintf(NULL, 0, "%d@%s", g->nranks - 1, node_label(g, k, label, sizeof label));
         if (len > g->worst_w)
             g->worst_w = len;
     }
@@ -491,12 +546,12 @@ static void table_nodes(FILE *out, const gathered_t *g) {
         int ranks = 0;
         for (int r = 0; r < g->nranks; r++)
             ranks += sp_world_node(g->w, r) == order[j];
-        char v[NC][32], worst[96];
+        char v[NC][32], worst[NODE_LABEL + 16], label[NODE_LABEL];
         for (int c = 0; c < NC; c++)
             human((double)a[idx[c]].sum, true, v[c], sizeof v[c]);
-        const char *name = sp_world_node_name(g->w, order[j]);
-        fprintf(out, "%-24s %5d %12s %12s %12s %12s  %s\n", name ? name : "?", ranks, v[0], v[1],
-                v[2], v[3], rank_at(g, a[rsv].max_rank, worst, sizeof worst));
+        fprintf(out, "%-24s %5d %12s %12s %12s %12s  %s\n",
+                node_label(g, order[j], label, sizeof label), ranks, v[0], v[1], v[2], v[3],
+                rank_at(g, a[rsv].max_rank, worst, sizeof worst));
     }
 }
 
@@ -627,9 +682,10 @@ static void json_record(FILE *out, const gathered_t *g, const char *key, const a
             ", \"mean\": %.3f, \"min_rank\": %d, \"max_rank\": %d, \"min_node\": ",
             first ? "" : ",", indent, key, a->min, a->max, a->sum, n > 0 ? (double)a->sum / n : 0.0,
             a->min_rank, a->max_rank);
-    json_string(out, sp_world_node_name(g->w, sp_world_node(g->w, a->min_rank)));
+    char label[NODE_LABEL];
+    json_string(out, node_label(g, sp_world_node(g->w, a->min_rank), label, sizeof label));
     fprintf(out, ", \"max_node\": ");
-    json_string(out, sp_world_node_name(g->w, sp_world_node(g->w, a->max_rank)));
+    json_string(out, node_label(g, sp_world_node(g->w, a->max_rank), label, sizeof label));
     fputc('}', out);
 }
 
@@ -639,8 +695,9 @@ static void json_nodes(FILE *out, const gathered_t *g) {
     fprintf(out, ",\n  \"nodes\": [");
     for (int k = 0; g->nodes && k < g->nnodes; k++) {
         const agg_t *a = &g->nodes[(size_t)k * stride];
+        char label[NODE_LABEL];
         fprintf(out, "%s\n    {\"node\": %d, \"name\": ", k ? "," : "", k);
-        json_string(out, sp_world_node_name(g->w, k));
+        json_string(out, node_label(g, k, label, sizeof label));
         fprintf(out, ", \"ranks\": [");
         int ranks = 0;
         for (int r = 0; r < g->nranks; r++)
@@ -806,7 +863,8 @@ static void prom_samples(FILE *out, const gathered_t *g, const char *name, const
     for (int r = 0; r < n; r++) {
         int64_t v = all[(size_t)r * stride + index];
         fprintf(out, "%s{%s%srank=\"%d\",node=\"", name, labels, labels[0] ? "," : "", r);
-        prom_label_value(out, sp_world_node_name(g->w, sp_world_node(g->w, r)));
+        char label[NODE_LABEL];
+        prom_label_value(out, node_label(g, sp_world_node(g->w, r), label, sizeof label));
         fputs("\"} ", out);
         if (inf_if_negative && v < 0)
             fprintf(out, "+Inf\n");
@@ -938,6 +996,7 @@ SP_EXPORT sp_status_t sp_stats_report(sp_world_t *w, int device, FILE *out,
         st = write_report(out, format, g, device, fn);
     free(g->rows);
     free(g->nodes);
+    free(g->twin);
     return st;
 }
 

@@ -1677,6 +1677,16 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
     if (t->settings.dropped[0] || t->settings.fraction > 0)
         add_why(buf, cap, &n, " settings that do not replay exactly (above);");
+    uint64_t unrecorded = 0;
+    for (int d = 0; d < t->ndev; d++)
+        unrecorded += t->dev[d].unrecorded_free;
+    if (unrecorded > 0)
+        add_why(buf, cap, &n,
+                " segments of at least %.3f GiB were released with no segment_free or "
+                "segment_unmap entry (recorded with skip_actions) or are missing from the "
+                "snapshot's segments: the replay keeps them, and the recorded run's peak "
+                "reserved is at least the one given;",
+                gib((double)unrecorded));
     size_t unknown = 0;
     for (int d = 0; d < t->ndev; d++)
         for (size_t i = 0; i < t->dev[d].nev; i++)

@@ -1642,6 +1642,27 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
     return a < d->nsfree && d->sfree[a].addr == addr ? &d->sfree[a] : NULL;
 }
 
+/* Whether the segment frees ev[i..j) can be releases inside the malloc whose segment allocation
+ * ev[j] is (the run is then no empty_cache). Garbage collection frees whole segments of the large
+ * pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least 10 MiB);
+ * release_available_cached_blocks, after a failed cudaMalloc, frees on the request's stream one
+ * segment, or else segments of at least max_split_size and under the request, largest first;
+ * neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
+ * garbage_collect_cached_blocks, release_available_cached_blocks). The user's empty_cache frees
+ * every free segment, and the next malloc often allocates one. */
+static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i, size_t j) {
+    bool gc = set->gc, split = set->mss != 0;
+    for (size_t k = i; k < j && (gc || split); k++) {
+        const tr_event_t *f = &ev[k];
+        if (f->action != TR_SEGMENT_FREE)
+            return false;
+        gc = gc && f->size > ((uint64_t)2 << 20);
+        split = split && f->size >= set->mss && f->stream == ev[j].stream &&
+                (j - i == 1 || (f->size < ev[j].size && (k == i || f->size <= ev[k - 1].size)));
+    }
+    return gc || split;
+}
+
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
@@ -2169,8 +2190,10 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->ev[j].pool = pool_at(ranges, nroute, d->ev[j].addr);
             j++;
         }
-        bool internal = set->gc_or_split && j < d->nev &&
-                        (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP);
+        bool internal =
+            j < d->nev &&
+            (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP) &&
+            released_in_malloc(set, d->ev, i, j);
         if (internal) {
             d->internal_frees += j - i;
         } else {
@@ -2182,7 +2205,7 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     d->nstreams = streams.n;
 
     /* Reserved before each event, walking back from the end state. */
-    int64_t r = (int64_t)d->final_reserved, peak = r;
+    int64_t r = (int64_t)d->final_reserved, peak = r, low = 0;
     for (size_t i = d->nev; i-- > 0;) {
         const tr_event_t *e = &d->ev[i];
         if (e->action == TR_SEGMENT_ALLOC || e->action == TR_SEGMENT_MAP)
@@ -2191,6 +2214,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             r += (int64_t)e->size;
         if (r > peak)
             peak = r;
+        if (r < low)
+            low = r;
         if (r >= TR_SUM_LIMIT || r <= -TR_SUM_LIMIT) {
             snprintf(err, errlen,
                      "device_traces[%d][%zu]: the segments reserved at once reach 4 EiB", dev, i);
@@ -2199,6 +2224,11 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     }
     d->start_reserved = r > 0 ? (uint64_t)r : 0;
     d->peak_reserved = (uint64_t)peak;
+    /* Walked back from the end, the segments a consistent trace reserved never go below 0; where
+     * they do, segments were released with no segment_free or segment_unmap entry (skip_actions
+     * left them out) or are missing from the snapshot's segments, and PyTorch's reserved bytes
+     * before that point, its peak included, are at least those counted. */
+    d->unrecorded_free = (uint64_t)-low;
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {
@@ -2332,7 +2362,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     const pk_value_t *split = pk_get(as, "max_split_size");
     if (split != NULL && split_clamped(split)) {
         ADD("max_split_size_mb:%llu", (unsigned long long)(SPLIT_CLAMPED >> 20));
-        st->gc_or_split = true;
+        st->mss = SPLIT_CLAMPED;
     } else if (pk_get_int(as, "max_split_size", &mss) && mss > 0 && mss != INT64_MAX) {
         /* PyTorch's values are whole MiB; sympool's SYMPOOL_MAX_SPLIT_SIZE may not be, and
          * rounded down into max_split_size_mb it replayed another allocator (20.5 MiB as 20).
@@ -2341,7 +2371,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
             st->split_bytes = (uint64_t)mss;
         else
             ADD("max_split_size_mb:%lld", (long long)(mss >> 20));
-        st->gc_or_split = true;
+        st->mss = (uint64_t)mss;
     }
     double gc = 0; /* PyTorch records 0 when it is not set; anything else is checked below */
     if (pk_num(pk_get(as, "garbage_collection_threshold"), &gc) && gc != 0) {
@@ -2352,7 +2382,7 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         if (strtod(num, NULL) != gc)
             snprintf(num, sizeof num, "%.17g", gc);
         ADD("garbage_collection_threshold:%s", num);
-        st->gc_or_split = true;
+        st->gc = true;
     }
     const pk_value_t *ex = pk_get(as, "expandable_segments");
     if (ex != NULL && ex->type == PK_BOOL) {

@@ -151,7 +151,11 @@ typedef struct tr_device {
     size_t final_segments;    /* the final segments (the snapshot's segments of this device) */
     uint64_t final_allocated; /* sum of the final active_allocated blocks' sizes */
     uint64_t start_reserved;  /* reserved before the first event (walking back from the end) */
-    uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace */
+    uint64_t peak_reserved;   /* PyTorch's peak reserved over the trace (a floor when
+                               * unrecorded_free is not 0) */
+    uint64_t unrecorded_free; /* how far the reserved bytes walked back from the end go below
+                               * 0: at least these bytes of segments were released with no
+                               * entry for it (0 in a consistent trace) */
     uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
     size_t recorded_ooms;     /* oom events in the trace */
     tr_meta_t *meta;          /* events with a user_metadata other than "", in event order (NULL
@@ -193,7 +197,9 @@ typedef struct tr_settings {
     char invalid[320]; /* why conf is no configuration PyTorch accepts ("" when it is one): every
                         * command loads the snapshot (as PyTorch's viewer does) and says so;
                         * replay cannot replay it (--conf replaces it) */
-    bool gc_or_split;  /* gc threshold or max_split_size set: releases inside malloc */
+    bool gc;           /* a gc threshold is set: garbage collection may release inside malloc */
+    uint64_t mss;      /* max_split_size when set, else 0: a malloc whose cudaMalloc failed may
+                        * release free segments of at least this size on its stream */
     bool expandable;   /* the recorded run used expandable segments (unrecorded: off) */
     /* The recorded max_split_size when it is no whole MiB (sympool's SYMPOOL_MAX_SPLIT_SIZE
      * takes bytes; PyTorch's max_split_size_mb, and so conf, only MiB), 0 otherwise: set as

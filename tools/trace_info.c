@@ -83,6 +83,11 @@ static void text(const char *path, const tr_trace_t *t) {
                "recorded OOMs: %zu\n",
                gib(dv->peak_reserved), gib(dv->final_reserved), gib(dv->final_allocated),
                dv->recorded_ooms);
+        if (dv->unrecorded_free > 0)
+            printf("  segments of at least %.3f GiB released with no segment_free or "
+                   "segment_unmap entry, or missing from the snapshot's segments: the peak "
+                   "reserved above is a floor\n",
+                   gib(dv->unrecorded_free));
     }
     if (t->settings.recorded) {
         printf("settings: '%s'%s\n", t->settings.conf[0] ? t->settings.conf : "defaults",

@@ -143,7 +143,9 @@ sp_status_t sp_stats_aggregate(sp_world_t *w, int device, sp_stats_summary_t *su
  * Collective: aggregate (as sp_stats_aggregate, plus the symmetric pools' registration and
  * agreement counters and the world's symmetric.collectives_eligible/_fallback counts) and write
  * the report on rank 0; other ranks write nothing and may pass out == NULL. Every rank is named
- * with its node ("3@node7"), and the job's figures come with per-node aggregates (two more
+ * with its node ("3@node7"; a node whose short host name another node of the world shares, as
+ * gpu01.rack1 and gpu01.rack2 do, is "node7#k" in every format, k its index as in JSON's
+ * "nodes"), and the job's figures come with per-node aggregates (two more
  * collectives: a reduction within each node and an MPI_Gatherv of one record set per node to
  * rank 0). TABLE is for people (a per-node section when the job spans nodes: the 16 nodes
  * with most reserved memory), JSON is one object (keys are stat names; min_node/max_node with

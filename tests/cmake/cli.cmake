@@ -848,6 +848,37 @@ if(TARGET sympool_cli)
     TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "\"recorded_ooms\":0,.*\"differs_because\":\"the replay hit 70 OOMs at the emulated device's capacity, where the recorded run hit 0 "
     FAIL_REGULAR_EXPRESSION "the recorded run hit OOM")
+  # A trace recorded with _record_memory_history(skip_actions=["segment_free"]): the 30 MiB
+  # segment was released (empty_cache) with no entry for it, so the replay keeps it and reserves
+  # 80 MiB where PyTorch had 50; the reason given was only "the allocators chose differently".
+  add_test(NAME cli.replay_says_segment_frees_are_missing COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-skip-segment-free.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-skip-segment-free.json'")
+  set_tests_properties(cli.replay_says_segment_frees_are_missing PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":83886080,\"pytorch_peak_reserved_bytes\":52428800,.*\"differs_because\":\"segments of at least 0.029 GiB were released with no segment_free or segment_unmap entry.*segments of at least 0.029 GiB released with no segment_free")
+  # With max_split_size recorded, every run of segment frees before a segment allocation was read
+  # as a release inside that malloc, so the user's empty_cache (its 20 MiB segment, under the
+  # 64 MiB max_split_size that release_available_cached_blocks frees at least) was not replayed:
+  # 50 MiB reserved where PyTorch had 30.
+  add_test(NAME cli.replay_empty_cache_under_max_split_size COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-split-empty-cache.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-split-empty-cache.json'")
+  set_tests_properties(cli.replay_empty_cache_under_max_split_size PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":31457280,\"pytorch_peak_reserved_bytes\":31457280,.*\"empty_caches\":1,.*empty_cache calls: 1. frees held for other streams: 0. releases inside malloc: 0 segment frees")
+  # An empty_cache that frees only segments of max_split_size or more, on the stream of the next
+  # segment allocation: release_available_cached_blocks frees one segment, or several largest
+  # first, each under the request; empty_cache frees them in the pool's order, smallest first
+  # (100 MiB, then 120). Read as a release inside malloc it kept both: 470 MiB, not 250.
+  add_test(NAME cli.replay_empty_cache_of_oversize_segments
+    COMMAND $<TARGET_FILE:sympool_cli> replay ${SP_DATA}/trace-split-empty-cache-oversize.json --json)
+  set_tests_properties(cli.replay_empty_cache_of_oversize_segments PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":262144000,\"pytorch_peak_reserved_bytes\":262144000,.*\"empty_caches\":1,")
+  # What release_available_cached_blocks does free stays a release inside malloc: 120 MiB, then
+  # 100, both under the 150 MiB request, before its segment.
+  sp_cli_check(NAME info_release_in_malloc_under_max_split_size RC 0
+    REGEX "empty_cache calls: 0. frees held for other streams: 0. releases inside malloc: 2 segment frees"
+    ARGS info ${SP_DATA}/trace-split-release-in-malloc.json)
   # torch 2.11's own snapshot (bench/gpu/probe.py on an H200): a private MemPool's blocks go to
   # its pool by their segments' segment_pool_id (2.11 writes no pool id on trace entries), the
   # second stream's 1000 bytes to a segment of its own: PyTorch's 44 MiB to the byte.

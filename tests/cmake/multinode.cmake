@@ -17,21 +17,25 @@ set(SP_MN_RUN ${PROJECT_SOURCE_DIR}/tests/multinode/mn-run.sh)
 # This file is read after every other module (tests/CMakeLists.txt), so the targets it runs exist
 # here; $<TARGET_FILE> resolves them at generation time.
 # sp_multinode_test(NAME nodes ppn TARGET target [CUDA_DOUBLE] [ARGS ...] [MPIRUN ...] [ENV ...]
-#                   [PASS regex] [FAIL regex])
+#                   [WRAP command ...] [PASS regex] [FAIL regex])
+# WRAP: a command each rank runs the target through (it execs the target with its arguments).
 # CUDA_DOUBLE: the cuda backend under the CUDA/NCCL test doubles (cuda_double.cmake's
 # environment; labels multinode and cuda_double).
+# ppn: ranks per node, or one count per node ("1,2,1": uneven nodes; the test's name says 1-2-1).
 function(sp_multinode_test name nodes ppn)
-  cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV" ${ARGN})
-  set(t multinode.${name}.${nodes}x${ppn})
+  cmake_parse_arguments(MN "CUDA_DOUBLE" "TARGET;PASS;FAIL" "ARGS;MPIRUN;ENV;WRAP" ${ARGN})
+  string(REPLACE "," "-" shape "${ppn}")
+  set(t multinode.${name}.${nodes}x${shape})
   set(labels multinode)
   set(env ${SP_TEST_ENV})
   if(MN_CUDA_DOUBLE)
-    set(t multinode.cuda_double.${name}.${nodes}x${ppn})
+    set(t multinode.cuda_double.${name}.${nodes}x${shape})
     set(labels multinode cuda_double)
     set(env ${SP_DBL_ENV_BASE})
   endif()
   add_test(NAME ${t}
-    COMMAND ${SP_MN_RUN} ${nodes} ${ppn} ${MN_MPIRUN} -- $<TARGET_FILE:${MN_TARGET}> ${MN_ARGS})
+    COMMAND ${SP_MN_RUN} ${nodes} ${ppn} ${MN_MPIRUN} -- ${MN_WRAP} $<TARGET_FILE:${MN_TARGET}>
+            ${MN_ARGS})
   set_tests_properties(${t} PROPERTIES LABELS "${labels}" TIMEOUT 150 SKIP_RETURN_CODE 77
     # Namespaces and the private subnet are per run, but two jobs at once would only compete
     # for the same cores: the label runs one job at a time.
@@ -72,6 +76,20 @@ foreach(shape "2;2" "3;1")
   endforeach()
 endforeach()
 
+# Uneven nodes, as a hostfile with different slots per host gives, mapped round-robin over the
+# nodes (--map-by node: ranks 0,3 on the first node, 1 on the second, 2,4 on the third), so
+# that no node's ranks are consecutive and the nodes' sizes differ: the node table, local ranks
+# and devices against the host names and MPI's own split.
+sp_multinode_test(world_nodes_by_node 3 "2,1,2" TARGET test_world_nodes MPIRUN --map-by node)
+
+# Nodes whose hosts share a short name (every node's host is twin.<its own name>): the reports
+# still name each node apart (Prometheus' node label, JSON, the table). Each node gets its own
+# /dev/shm (MN_PRIVATE_SHM), which Open MPI needs when host names collide.
+sp_multinode_test(stats_report_same_host_name 2 2 TARGET test_stats_report
+  WRAP ${PROJECT_SOURCE_DIR}/tests/multinode/mn-same-name.sh twin
+  ARGS "--gtest_filter=StatsReport.NodesSharingAHostNameAreToldApart:StatsReport.PrometheusHasEveryKeyForEveryRankAsLabelledFamilies:StatsReport.JsonParsesBackAndMatchesTheAggregate"
+  ENV "MN_PRIVATE_SHM=1")
+
 # mn-run.sh stopped by SIGTERM while its job runs ends at once and removes its namespaces,
 # files and the job's processes (the job would sleep for an hour: a script that cleans up only
 # after it ends fails by the timeout).
@@ -110,6 +128,11 @@ if(SYMPOOL_CUDA_DOUBLE AND TARGET test_cuda_double_mpi)
   sp_multinode_test(world_init_one_gpu_per_node 2 2 TARGET sp_world_init_self CUDA_DOUBLE
     MPIRUN --mca orte_abort_on_non_zero_status 0 ENV "CUDA_DOUBLE_GPUS=1"
     PASS "${why}.*${refused}.*${refused}.*${refused}.*${refused}" FAIL "world-init-self: ok")
+  # A rank short of host memory for its node's GPU table, on uneven nodes (1+2+1 ranks): the
+  # failing rank is one that shares its node, chosen alike on every rank.
+  sp_multinode_test(node_gpu_table 3 "1,2,1" TARGET test_cuda_double_mpi CUDA_DOUBLE
+    ARGS "--gtest_filter=CudaDoubleMpi.NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank"
+    ENV "CUDA_DOUBLE_GPUS=2" "CUDA_DOUBLE_MEMORY=256MiB" "SYMPOOL_SYM_TIMEOUT=20")
   # A rank that dies before a symmetric malloc (ncclMemAlloc and the window registration) or an
   # allreduce (ncclAllReduce): the survivors on both nodes time out in the round before NCCL,
   # none waits inside it. At 2x2 only: the rounds are the same code at 3x1.

@@ -245,9 +245,19 @@ TEST_F(CudaDoubleMpi, NodeDeviceTableOutOfHostMemoryOnOneRankFailsEveryRank) {
     SP_SKIP_BELOW_RANKS(2);
     expect_warnings();
     make_pool(false, false, "devtable");
-    if (sp__world_local_size(world_) < 2)
-        GTEST_SKIP() << "a rank alone on its node gathers no table";
-    const int bad = mpi_size() - 1;
+    // The failing rank must share its node (a rank alone there gathers no table): the highest
+    // rank of a node with two or more, from the node table every rank holds, so that every rank
+    // picks the same one, or skips, on uneven nodes too (3+1 ranks, 1+2+1).
+    int bad = -1;
+    for (int r = mpi_size() - 1; r >= 0 && bad < 0; r--) {
+        int peers = 0;
+        for (int q = 0; q < mpi_size(); q++)
+            peers += sp_world_node(world_, q) == sp_world_node(world_, r);
+        if (peers >= 2)
+            bad = r;
+    }
+    if (bad < 0)
+        GTEST_SKIP() << "every rank is alone on its node: none gathers a table";
     if (mpi_rank() == bad)
         sp__reg_nccl_test_fail_devs(true);
     void *a = nullptr;

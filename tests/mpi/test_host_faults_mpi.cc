@@ -81,8 +81,9 @@ TEST_F(HostFaultsMpi, WorldStructShortOfMemoryFailsEveryRankAndTheNextCreationWo
         fp_arm(FP_CALLOC, 1, 0); // the world struct: creation's first calloc
     sp_status_t s = sp_world_from_comm(MPI_COMM_WORLD, &w);
     fp_disarm();
-    if (faulty)
+    if (faulty) {
         ASSERT_TRUE(fp_fired());
+    }
     EXPECT_EQ(s, SP_ERR_SYSTEM) << sp::describe(s);
     EXPECT_NE(std::string(sp_last_error()).find("host memory"), std::string::npos)
         << sp_last_error();
@@ -178,8 +179,9 @@ TEST_F(HostFaultsMpiSweep, WorldAndCollectives) {
                    [&] { return sp_stats_report(w, sp_world_device(w), out, f); },
                    [&](bool ok) {
                        fclose(out);
-                       if (ok && mpi_rank() == 0)
+                       if (ok && mpi_rank() == 0) {
                            EXPECT_GT(len, 0u);
+                       }
                        free(text);
                        text = nullptr;
                    }});

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -25,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,16 @@ bool parse_json(const std::string &text, Json *out) {
     *out = p.value();
     p.ws();
     return p.ok && p.i == text.size();
+}
+
+// How the reports name node k: its host name, with "#k" when another node has that name too
+// (short names cut at the first dot, hosts or containers that share a name).
+std::string node_label(const sp_world_t *w, int k) {
+    std::string name = sp_world_node_name(w, k);
+    for (int j = 0; j < sp_world_node_count(w); j++)
+        if (j != k && name == sp_world_node_name(w, j))
+            return name + "#" + std::to_string(k);
+    return name;
 }
 
 // Everything written to a FILE*, read back.
@@ -303,7 +315,7 @@ TEST_F(StatsReport, JsonParsesBackAndMatchesTheAggregate) {
         // Every record names the node of its min and max rank.
         ASSERT_NE(k->get("max_node"), nullptr) << key;
         EXPECT_EQ(k->get("max_node")->text,
-                  sp_world_node_name(w_, sp_world_node(w_, (int)k->get("max_rank")->i64())))
+                  node_label(w_, sp_world_node(w_, (int)k->get("max_rank")->i64())))
             << key;
     }
     // Per node: every node once, its ranks, and sums that add up to the job's.
@@ -317,7 +329,7 @@ TEST_F(StatsReport, JsonParsesBackAndMatchesTheAggregate) {
     int64_t allocated = 0;
     for (size_t k = 0; k < nodes->arr.size(); k++) {
         const Json &node = nodes->arr[k];
-        EXPECT_EQ(node.get("name")->text, sp_world_node_name(w_, (int)k));
+        EXPECT_EQ(node.get("name")->text, node_label(w_, (int)k));
         for (const Json &r : node.get("ranks")->arr) {
             EXPECT_EQ(sp_world_node(w_, (int)r.i64()), (int)k);
             ranks_seen++;
@@ -426,7 +438,7 @@ TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
             EXPECT_EQ(typed.count(name), 1u) << "TYPE before samples: " << name;
             std::string series = name + "{" + std::string(m[2]) + "}";
             int r = std::stoi(m[3]);
-            EXPECT_EQ(m[4].str(), sp_world_node_name(w_, sp_world_node(w_, r))) << line;
+            EXPECT_EQ(m[4].str(), node_label(w_, sp_world_node(w_, r))) << line;
             EXPECT_EQ(values[series].count(r), 0u) << "duplicate sample " << line;
             values[series][r] = m[5];
             if (typed[name] == "counter") {
@@ -462,6 +474,57 @@ TEST_F(StatsReport, PrometheusHasEveryKeyForEveryRankAsLabelledFamilies) {
               (size_t)n_);
 }
 
+// Nodes whose hosts share a short name (gpu01.rack1 and gpu01.rack2, or containers with one host
+// name) are still told apart: every report names each node with a label no other node has, so
+// that Prometheus' sum by (node) sums one node, and the table's per-node rows and rank@node are
+// not two nodes under one name. multinode.stats_report_same_host_name gives every node the same
+// short name (tests/multinode/mn-same-name.sh).
+TEST_F(StatsReport, NodesSharingAHostNameAreToldApart) {
+    allocate_skewed();
+    std::string prom = report(SP_REPORT_PROMETHEUS);
+    std::string json = report(SP_REPORT_JSON);
+    std::string table = report(SP_REPORT_TABLE);
+    if (rank_ != 0)
+        return;
+    const int nodes = sp_world_node_count(w_);
+    // Prometheus: the node label of each rank's samples; one node per label and one label per node.
+    std::map<std::string, std::set<int>> nodes_of_label;
+    std::map<int, std::set<std::string>> labels_of_node;
+    const std::regex sample(R"re(rank="(\d+)",node="([^"]*)"\})re");
+    for (auto it = std::sregex_iterator(prom.begin(), prom.end(), sample);
+         it != std::sregex_iterator(); ++it) {
+        int node = sp_world_node(w_, std::stoi((*it)[1]));
+        nodes_of_label[(*it)[2]].insert(node);
+        labels_of_node[node].insert((*it)[2]);
+    }
+    EXPECT_EQ((int)nodes_of_label.size(), nodes) << prom.substr(0, 2000);
+    for (auto &e : nodes_of_label)
+        EXPECT_EQ(e.second.size(), 1u) << "label node=\"" << e.first << "\" covers several nodes";
+    for (auto &e : labels_of_node)
+        EXPECT_EQ(e.second.size(), 1u) << "node " << e.first << " has several labels";
+    // JSON: the nodes' names are distinct.
+    std::set<std::string> json_names;
+    const std::regex json_node(R"re(\{"node": (\d+), "name": "([^"]*)")re");
+    for (auto it = std::sregex_iterator(json.begin(), json.end(), json_node);
+         it != std::sregex_iterator(); ++it)
+        json_names.insert((*it)[2]);
+    EXPECT_EQ((int)json_names.size(), nodes) << "the nodes' names in JSON";
+    // Table: the per-node section's rows (the 16 with most reserved) name distinct nodes.
+    if (nodes > 1) {
+        size_t at = table.find("-- per node");
+        ASSERT_NE(at, std::string::npos) << table;
+        std::set<std::string> rows;
+        size_t pos = table.find('\n', table.find('\n', at) + 1) + 1; // past the column heads
+        const int shown = std::min(nodes, 16);
+        for (int k = 0; k < shown && pos < table.size(); k++) {
+            size_t nl = table.find('\n', pos);
+            rows.insert(table.substr(pos, table.find(' ', pos) - pos));
+            pos = nl + 1;
+        }
+        EXPECT_EQ((int)rows.size(), shown) << table.substr(at);
+    }
+}
+
 TEST_F(StatsReport, TableAllNamesEveryKeyAndTheWorstRank) {
     SP_SKIP_BELOW_RANKS(2);
     allocate_skewed();
@@ -491,8 +554,7 @@ TEST_F(StatsReport, TableAllNamesEveryKeyAndTheWorstRank) {
     EXPECT_EQ(std::atoll(mx), n_ + 1) << line;
     EXPECT_EQ(worst, n_ - 1) << line;
     // The worst rank is named with its node.
-    std::string at =
-        std::to_string(n_ - 1) + "@" + sp_world_node_name(w_, sp_world_node(w_, n_ - 1));
+    std::string at = std::to_string(n_ - 1) + "@" + node_label(w_, sp_world_node(w_, n_ - 1));
     EXPECT_NE(line.find(" " + at + " "), std::string::npos) << line;
 }
 

@@ -88,8 +88,9 @@ TEST_F(World, FromCommUsesTheCallersCommunicator) {
 // subset world's, so the processes of the two halves wrote each other's snapshot files and logs.
 TEST_F(World, FileRankStaysTheJobRankInASubsetWorld) {
     char dir[64] = "/tmp/sp_world_rank_XXXXXX";
-    if (mpi_rank() == 0)
+    if (mpi_rank() == 0) {
         ASSERT_NE(mkdtemp(dir), nullptr) << std::strerror(errno);
+    }
     MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, mpi_rank() % 2, mpi_rank(), &half);

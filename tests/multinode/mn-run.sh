@@ -3,6 +3,9 @@
 #
 #   mn-run.sh NODES RANKS_PER_NODE [mpirun options ...] -- PROGRAM [ARGS ...]
 #
+# RANKS_PER_NODE is one number for every node, or a comma-separated count per node ("3,1",
+# "1,2,1") for uneven nodes, as a hostfile with different slots per host gives on a cluster.
+#
 # Each node is a network namespace plus its own UTS (hostname) namespace, so a rank's
 # gethostname() and Open MPI's idea of "the node" (one orted per node) both differ from node to
 # node, and MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) splits the job by node as on a cluster.
@@ -24,6 +27,10 @@
 # (ctest SKIP_RETURN_CODE) with "mn-run: SKIP: <reason>" when this machine cannot make the nodes
 # (not root, no `ip`/`unshare`, no network namespaces, veth or bridge devices).
 # MN_MPIRUN overrides the launcher (default: mpirun from PATH). MN_VERBOSE=1 traces the set-up.
+# MN_PRIVATE_SHM=1 gives every node a /dev/shm of its own (a tmpfs in a mount namespace of the
+# node's daemon), as separate machines have: Open MPI names its shared-memory segments after the
+# rank's host name, so ranks that give several nodes one host name (tests/multinode/
+# mn-same-name.sh) need it. Off by default: the CUDA/NCCL doubles join nodes through /dev/shm.
 set -u
 
 PREFIX=spmn
@@ -49,8 +56,20 @@ fi
 NODES=$1
 PPN=$2
 shift 2
-case "$NODES$PPN" in *[!0-9]*) die "NODES and RANKS_PER_NODE must be numbers" ;; esac
-[ "$NODES" -ge 1 ] && [ "$NODES" -le 64 ] && [ "$PPN" -ge 1 ] || die "need 1..64 nodes, >= 1 rank each"
+case "$NODES" in "" | *[!0-9]*) die "NODES must be a number" ;; esac
+[ "$NODES" -ge 1 ] && [ "$NODES" -le 64 ] || die "need 1..64 nodes"
+# SLOTS[i]: the ranks of node i.
+IFS=, read -r -a SLOTS <<<"$PPN"
+if [ "${#SLOTS[@]}" = 1 ]; then
+    for ((i = 1; i < NODES; i++)); do SLOTS+=("${SLOTS[0]}"); done
+fi
+[ "${#SLOTS[@]}" = "$NODES" ] || die "RANKS_PER_NODE '$PPN' names ${#SLOTS[@]} nodes, not $NODES"
+NP=0
+for n in "${SLOTS[@]}"; do
+    case "$n" in "" | *[!0-9]*) die "RANKS_PER_NODE must be numbers" ;; esac
+    [ "$n" -ge 1 ] || die "every node needs >= 1 rank"
+    NP=$((NP + 10#$n))
+done
 MPIRUN_OPTS=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
     MPIRUN_OPTS+=("$1")
@@ -147,7 +166,7 @@ for ((i = 0; i < NODES; i++)); do
     mkns "$n"
     attach "$n" $((10 + i))
     HOSTS+=$'\n'"$SUBNET.$((10 + i)) $n"
-    echo "$n slots=$PPN" >>"$TMP/hostfile"
+    echo "$n slots=${SLOTS[$i]}" >>"$TMP/hostfile"
 done
 # Names resolve from a hosts file inside every namespace (ip netns exec mounts /etc/netns/<ns>/
 # over /etc), and the resolver is pointed at loopback, so no lookup leaves the namespace.
@@ -168,12 +187,16 @@ case "$host" in
 spmn-[0-9]*-n[0-9]*) ;;
 *) echo "mn-run agent: refusing unknown host '$host'" >&2; exit 255 ;;
 esac
+if [ "${MN_PRIVATE_SHM:-0}" = 1 ]; then
+    exec ip netns exec "$host" unshare --uts --mount --propagation private sh -c \
+        'mount -t tmpfs -o mode=1777 spmn-shm /dev/shm && hostname "$1" && exec sh -c "$2"' \
+        sh "$host" "$*"
+fi
 exec ip netns exec "$host" unshare --uts sh -c 'hostname "$1" && exec sh -c "$2"' sh "$host" "$*"
 EOF
 chmod 755 "$TMP/agent"
 
 # ---- the job ---------------------------------------------------------------------------------------
-NP=$((NODES * PPN))
 say "mpirun -np $NP over $NODES nodes"
 # The head's mpirun runs no rank: only hosts in the hostfile are used, and the head is not one.
 # The job runs in the background and the script waits for it: bash runs a trap only once the

@@ -73,8 +73,9 @@ class HostFaults : public sp::Test {
                 EXPECT_NE(s, SP_ERR_INTERNAL) << fn << ": " << msg;
                 EXPECT_FALSE(msg.empty())
                     << fn << " failed: " << sp_status_name(s) << " without a message";
-                if (!st.cold)
+                if (!st.cold) {
                     EXPECT_EQ(diff(before, snap()), "") << fn << " failed: " << describe(s);
+                }
                 // The same call works once the failure is gone.
                 s = st.call();
                 EXPECT_EQ(s, SP_SUCCESS) << "after " << fn << ": " << describe(s);
