@@ -170,18 +170,20 @@ static void stay_loaded(void) {
     (void)pthread_once(&s_stay_once, stay_loaded_once);
 }
 
-/* Ask MPI to tell us when it is finalized (once per process; s_lock held). Local MPI calls. */
-static void watch_mpi_finalize_locked(void) {
+/* Ask MPI to tell us when it is finalized (once per process; s_lock held). Local MPI calls.
+ * Whether MPI holds self_deleted now (the caller then keeps the library loaded, stay_loaded). */
+static bool watch_mpi_finalize_locked(void) {
     if (s_self_key != MPI_KEYVAL_INVALID)
-        return;
+        return true;
     int key = MPI_KEYVAL_INVALID;
     if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_deleted, &key, NULL) != MPI_SUCCESS)
-        return; /* then a call after the user's MPI_Finalize is MPI's to refuse, as before */
+        return false; /* then a call after the user's MPI_Finalize is MPI's to refuse, as before */
     if (MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL) != MPI_SUCCESS) {
         MPI_Comm_free_keyval(&key);
-        return;
+        return false;
     }
     s_self_key = key;
+    return true;
 }
 
 /* sp__world_check; a broken world passes when allow_broken (sp_world_finalize). */
@@ -855,8 +857,7 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
     /* Watched before the duplicates: one abandoned here must be drained at MPI_Finalize even
      * when creation fails (self_deleted). */
     pthread_mutex_lock(&s_lock);
-    watch_mpi_finalize_locked();
-    bool watched = s_self_key != MPI_KEYVAL_INVALID;
+    bool watched = watch_mpi_finalize_locked();
     pthread_mutex_unlock(&s_lock);
     if (watched)
         stay_loaded();
@@ -967,11 +968,10 @@ static sp_status_t world_create(MPI_Comm comm, bool from_init, sp_world_t **worl
             w->rank, w->size, w->local_rank, w->local_size, w->node_of[w->rank], w->nnodes,
             w->node_name[w->node_of[w->rank]], w->device, sp_backend_name());
     pthread_mutex_lock(&s_lock);
-    watch_mpi_finalize_locked();
+    watched = watch_mpi_finalize_locked();
     w->next_live = s_live;
     s_live = w;
     __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
-    watched = s_self_key != MPI_KEYVAL_INVALID;
     pthread_mutex_unlock(&s_lock);
     if (watched)
         stay_loaded();

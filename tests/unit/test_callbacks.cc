@@ -256,15 +256,9 @@ TEST_F(Callbacks, FramesHookClaimingTooManyFramesDoesNotCrash) {
     sp_history_set_frames_hook(nullptr, nullptr);
     hp.enabled = SP_HISTORY_OFF;
     EXPECT_SP_OK(sp_record_memory_history(&hp));
-    FILE *f = fopen(path.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        text.append(buf, n);
-    fclose(f);
+    std::string text = sp::read_file(path);
     unlink(path.c_str());
+    ASSERT_NE(text, "<missing>") << path;
     EXPECT_NE(text.find(R"({"filename":"one.py","line":7,"name":"only"})"), std::string::npos);
     // The alloc entry's stack: the written frame, then the unwritten ones as unknown.
     size_t at = text.find(R"({"filename":"one.py","line":7,"name":"only"},)");
@@ -297,15 +291,9 @@ TEST_F(Callbacks, NegativeFrameLineIsWrittenInPyTorchsUnsignedForm) {
     sp_history_set_frames_hook(nullptr, nullptr);
     hp.enabled = SP_HISTORY_OFF;
     EXPECT_SP_OK(sp_record_memory_history(&hp));
-    FILE *f = fopen(path.c_str(), "r");
-    ASSERT_NE(f, nullptr);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        text.append(buf, n);
-    fclose(f);
+    std::string text = sp::read_file(path);
     unlink(path.c_str());
+    ASSERT_NE(text, "<missing>") << path;
     EXPECT_NE(text.find(R"({"filename":"u.py","line":18446744073709551615,"name":"unknown"},)"
                         R"({"filename":"u.py","line":3,"name":"known"})"),
               std::string::npos)
