@@ -15,7 +15,7 @@ set(SYMPOOL_TEST_PYTHON "" CACHE FILEPATH "Python 3 with pytest (and mpi4py) for
 set(SP_PY_ENV "SYMPOOL_DEVICE=host" "SYMPOOL_LIBRARY=$<TARGET_FILE:sympool>"
   "PYTHONPATH=${PROJECT_SOURCE_DIR}/python" "PYTHONDONTWRITEBYTECODE=1" "SYMPOOL_SYM_TIMEOUT=30"
   "OMPI_ALLOW_RUN_AS_ROOT=1" "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_mpi_yield_when_idle=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
 set(SP_PY_MPI_FLAGS)
 # A sanitized .so loaded into an unsanitized python needs the ASan runtime preloaded; the
 # interpreter's own allocations are not ours to leak-check. Under mpirun only the ranks get it.
