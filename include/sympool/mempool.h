@@ -27,7 +27,11 @@ typedef struct sp_mempool_id {
 } sp_mempool_id_t;
 
 /** A segment allocator; mirrors CUDAPluggableAllocator. The callbacks run under the device's
- * allocator lock: a sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock).
+ * allocator lock (as PyTorch calls a MemPool allocator's raw_alloc under its allocator mutex): a
+ * sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock). sympool's fork
+ * handler waits for that lock, so a callback must not wait for anything that a thread calling
+ * fork() holds across the fork: Python's GIL, which os.fork() keeps, is such a thing (a fork while
+ * another thread is inside a Python callback hangs the parent; docs/API.md, Python).
  */
 typedef struct sp_allocator {
     /** Allocate a segment of @p size bytes; NULL means out of memory. */

@@ -921,6 +921,13 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
 
 # ---- fork ------------------------------------------------------------------------------------
 
+# Known limit (docs/API.md, Python): os.fork() while another thread is inside a Python segment
+# allocator hangs the parent. The library's fork handler waits for the device lock the callback
+# runs under, and the callback waits for the GIL, which os.fork() holds through fork(). A
+# before-fork hook taking the library's locks with the GIL let go is no way out: os.fork() takes
+# CPython's import lock after the hooks, and a thread importing a module that allocates waits for
+# the device lock the hook would hold.
+
 # The MemPool and Stream objects alive, for their locks (weak: one goes when nothing else holds
 # it). A Stream's destroy() holds its lock across sp_stream_destroy too.
 _pools = globals().get("_pools") or weakref.WeakValueDictionary()
