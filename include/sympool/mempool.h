@@ -28,10 +28,10 @@ typedef struct sp_mempool_id {
 
 /** A segment allocator; mirrors CUDAPluggableAllocator. The callbacks run under the device's
  * allocator lock (as PyTorch calls a MemPool allocator's raw_alloc under its allocator mutex): a
- * sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock). sympool's fork
- * handler waits for that lock, so a callback must not wait for anything that a thread calling
- * fork() holds across the fork: Python's GIL, which os.fork() keeps, is such a thing (a fork while
- * another thread is inside a Python callback hangs the parent; docs/API.md, Python).
+ * sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock). A fork() while
+ * another thread is inside one does not wait for it (it may wait for what the forking thread
+ * holds, as a Python callback waits for the GIL that os.fork() keeps): the child's allocator is
+ * off instead, every call failing with SP_ERR_DEVICE (docs/API.md, Python).
  */
 typedef struct sp_allocator {
     /** Allocate a segment of @p size bytes; NULL means out of memory. */
