@@ -52,7 +52,8 @@ typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
 #define OPF_META 0x80u
 /* op_t.flags: the recorded run made a segment for this alloc (dev_state_t.place says where). */
 #define OPF_SEG 0x40u
-_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) &
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION |
+                 TR_F_MAYBE_GC) &
                 (OPF_META | OPF_SEG)) == 0,
                "op flags overlap the trace's");
 typedef struct op {
@@ -433,12 +434,35 @@ static bool do_free_completed(dev_state_t *ds, uint64_t addr, char *err, size_t 
     return true;
 }
 
+/* Whether the next malloc on dev that allocates a segment collects garbage first: a threshold
+ * in force under a fraction below 1, and reserved memory past threshold x the fraction's bytes
+ * (sp__alloc_gc's test, PyTorch's garbage_collect_cached_blocks'). A run of segment frees the
+ * trace may show either way (TR_F_MAYBE_GC) was that collection only then: a malloc under the
+ * threshold collects nothing, so the run was the user's empty_cache before it (the recorded
+ * run's own snapshots, 3% of their peaks off when such a run was left to a collection that
+ * never came). */
+static int64_t stat_of(int dev, const char *key);
+static bool collects_next(int dev) {
+    sp_x_option_info_t info;
+    double f = 1.0;
+    size_t free_b = 0, total = 0;
+    if (!cli_option("SYMPOOL_GC_THRESHOLD", &info) || !(info.value_double > 0) ||
+        sp_get_memory_fraction(dev, &f) != SP_SUCCESS || !(f < 1.0) ||
+        sp_get_memory_info(dev, &free_b, &total) != SP_SUCCESS)
+        return false;
+    size_t allowed = (size_t)(f * (double)total);
+    size_t thresh = (size_t)(info.value_double * (double)allowed);
+    return (uint64_t)stat_of(dev, "reserved_bytes.all.current") > thresh;
+}
+
 /* The user's empty_cache on this device, and the private pools whose segments it freed
  * (PyTorch frees a pool's cache there only once the pool is no longer used). A run that frees
  * only private pools' segments is a pool's own release (its MemPool going away): the default
  * pool's cache stays, as the trace shows it did. */
 static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
                            replay_result_t *r, char *err, size_t errlen) {
+    if ((e->flags & TR_F_MAYBE_GC) && collects_next(dev))
+        return true; /* the malloc after it releases them, as the recorded one did */
     r->empty_caches++;
     bool pools_only = true;
     const tr_event_t *run_end = e;
@@ -1078,7 +1102,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
         } else if (e->action == TR_FREE_COMPLETED) {
             ncompleted++;
         } else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) {
-            nother += (e->flags & TR_F_EMPTY_CACHE) != 0;
+            nother += (e->flags & (TR_F_EMPTY_CACHE | TR_F_MAYBE_GC)) != 0;
         }
     }
     size_t n = ds->blocks.n + nalloc, nmost = nalloc + nother + (deferred ? ncompleted : 0);
@@ -1150,7 +1174,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
         } else if (e->action == TR_FREE_COMPLETED && deferred) {
             o.kind = OP_FREE_COMPLETED;
         } else if ((e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) &&
-                   (e->flags & TR_F_EMPTY_CACHE)) {
+                   (e->flags & (TR_F_EMPTY_CACHE | TR_F_MAYBE_GC))) {
             o.kind = OP_EMPTY_CACHE;
         } else if (e->action == TR_SEGMENT_ALLOC) {
             /* Recorded before the alloc it served: that alloc is the next op. */
@@ -1265,6 +1289,8 @@ static bool stamp_around(int d, const tr_device_t *td, const op_t *o, size_t *cu
     size_t i = o->ev, j = *cursor;
     if (o->kind == OP_FREE_COMPLETED)
         return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
+    if (o->kind == OP_EMPTY_CACHE && (o->flags & TR_F_MAYBE_GC) && collects_next(d))
+        return true; /* a collection: its segment frees are the malloc's after it */
     sp_status_t st = sp_x_history_stamp_next(-1, -1); /* what the op before did not take */
     /* A free makes no completion but its own: one recorded before it (of a request the ring cut
      * off, or a deferred one no malloc saw done) is not its. */

@@ -1643,24 +1643,30 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
 }
 
 /* Whether the segment frees ev[i..j) can be releases inside the malloc whose segment allocation
- * ev[j] is (the run is then no empty_cache). Garbage collection frees whole segments of the large
- * pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least 10 MiB);
- * release_available_cached_blocks, after a failed cudaMalloc, frees on the request's stream one
- * segment, or else segments of at least max_split_size and under the request, largest first;
- * neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
+ * ev[j] is (the run is then no empty_cache). release_available_cached_blocks, after a failed
+ * cudaMalloc, frees on the request's stream one segment, or else segments of at least
+ * max_split_size and under the request, largest first (RIM_SPLIT). Garbage collection frees
+ * whole segments of the default pool's large pool (more than 2 MiB: a small-pool segment is 2
+ * MiB, a large one 20 MiB or at least 10 MiB), and only under a memory fraction (PyTorch's
+ * garbage_collect_cached_blocks runs only when set_fraction; sympool's too): a threshold
+ * recorded without a fraction collected nothing, and a run read as its collection was not
+ * replayed at all (RIM_GC: whether it was one is told at replay, where the threshold's bytes are
+ * known). Neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
  * garbage_collect_cached_blocks, release_available_cached_blocks). The user's empty_cache frees
- * every free segment, and the next malloc often allocates one. */
-static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i, size_t j) {
-    bool gc = set->gc, split = set->mss != 0;
+ * every free segment, and the next malloc often allocates one (RIM_NO). */
+typedef enum { RIM_NO, RIM_SPLIT, RIM_GC } rim_t;
+static rim_t released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i,
+                                size_t j) {
+    bool gc = set->gc && set->fraction > 0 && set->fraction < 1, split = set->mss != 0;
     for (size_t k = i; k < j && (gc || split); k++) {
         const tr_event_t *f = &ev[k];
         if (f->action != TR_SEGMENT_FREE)
-            return false;
-        gc = gc && f->size > ((uint64_t)2 << 20);
+            return RIM_NO;
+        gc = gc && f->size > ((uint64_t)2 << 20) && f->pool == 0;
         split = split && f->size >= set->mss && f->stream == ev[j].stream &&
                 (j - i == 1 || (f->size < ev[j].size && (k == i || f->size <= ev[k - 1].size)));
     }
-    return gc || split;
+    return split ? RIM_SPLIT : gc ? RIM_GC : RIM_NO;
 }
 
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
@@ -2190,12 +2196,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->ev[j].pool = pool_at(ranges, nroute, d->ev[j].addr);
             j++;
         }
-        bool internal =
-            j < d->nev &&
-            (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP) &&
-            released_in_malloc(set, d->ev, i, j);
-        if (internal) {
+        rim_t internal =
+            j < d->nev && (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP)
+                ? released_in_malloc(set, d->ev, i, j)
+                : RIM_NO;
+        if (internal != RIM_NO) {
             d->internal_frees += j - i;
+            if (internal == RIM_GC)
+                e->flags |= TR_F_MAYBE_GC;
         } else {
             e->flags |= TR_F_EMPTY_CACHE;
             d->empty_cache_runs++;

@@ -37,7 +37,14 @@ typedef enum {
 /* tr_event_t.flags */
 #define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
 #define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
-#define TR_F_POOL_ID 4u     /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
+/* first of a run of segment frees read as garbage collection inside the malloc after it (a
+ * threshold and a fraction recorded), which may as well be the user's empty_cache before that
+ * malloc: the replay empties the cache there unless its own allocator collects at that malloc
+ * (reserved past the threshold's bytes, known only there: the device's size is not recorded).
+ * Set by the analysis, after the loader's own check bits (trace.c's RF_*, which share this
+ * one) are cleared. */
+#define TR_F_MAYBE_GC 16u
+#define TR_F_POOL_ID 4u /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
 #define TR_F_COMPLETION                                                                            \
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \

@@ -128,6 +128,20 @@ if(TARGET sympool_cli)
               ${SP_CLI_OUT}/torch_save)
     set_tests_properties(cli.torch_save PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "torch save ok")
+    # sympool's own snapshots of random programs (bench/replay_self.py: two devices, streams,
+    # frees held for other streams, MemPools, empty_cache, OOMs under a fraction) replay to
+    # their recorded peak reserved exactly, under the settings that once missed it: a
+    # garbage_collection_threshold with and without a memory fraction (an empty_cache before a
+    # malloc was read as a collection that never came).
+    add_test(NAME cli.replay_self
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/replay_self.py
+              $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sympool> ${SP_CLI_OUT}/replay_self
+              --seeds 1-8 --check
+              --conf garbage_collection_threshold:0.6
+              --conf garbage_collection_threshold:0.6,per_process_memory_fraction:0.01
+              --conf max_split_size_mb:40,garbage_collection_threshold:0.5,per_process_memory_fraction:0.01)
+    set_tests_properties(cli.replay_self PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
+      PASS_REGULAR_EXPRESSION "replay-self: ok")
     # Traces no allocator could have written (found by tests/fuzz/fuzz_replay.c): the replay
     # neither frees a block twice nor loses one (--repeat's sp_shutdown finds nothing left).
     add_test(NAME cli.replay_adversary
