@@ -1863,12 +1863,18 @@ static void env_items(const char *after, char *out, size_t cap) {
     }
 }
 
+static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, const char *conf);
 static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
                        const char *user_conf, const char *conf, const char *env_var) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
            r->devices == 1 ? "" : "s");
     if (user_conf != NULL)
         printf("  settings             --conf '%s'\n", user_conf);
+    else if (t->settings.recorded && t->settings.expandable && t->settings.rules[0] &&
+             reenacts_pytorch_rules(t, NULL, ""))
+        printf("  settings             the snapshot's: '%s', by the recorded run's rules of "
+               "sympool (%s)\n",
+               conf && *conf ? conf : "defaults", t->settings.rules);
     else if (t->settings.recorded && t->settings.expandable && !expandable_rules_ours())
         printf("  settings             the snapshot's: '%s', by PyTorch's rules "
                "(SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0)\n",
@@ -2119,10 +2125,56 @@ bool replay_fit_capacity(const tr_trace_t *t) {
     return sp_x_option_set("SYMPOOL_HOST_CAPACITY", v) == SP_SUCCESS;
 }
 
-bool replay_pytorch_rules(void) {
-    for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
-        if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS)
+/* The rules of a recording with expandable segments, each as fn takes it (name, value): a
+ * sympool snapshot's own (tr_settings_t.rules; those the environment sets stay its), else
+ * PyTorch's (ours at 0). */
+static bool each_recorded_rule(const tr_trace_t *t, bool (*fn)(const char *, const char *, void *),
+                               void *arg) {
+    if (t->settings.rules[0] == '\0') {
+        for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
+            if (!fn(g_our_rules[k], "0", arg))
+                return false;
+        return true;
+    }
+    for (const char *p = t->settings.rules; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256];
+        const char *eq = memchr(p, '=', n);
+        if (n >= sizeof item || eq == NULL)
+            return false; /* never: read_rules checked every item */
+        memcpy(item, p, n);
+        item[n] = '\0';
+        item[eq - p] = '\0';
+        if (getenv(item) == NULL && !fn(item, item + (eq - p) + 1, arg))
             return false;
+        p += n + (end ? 1 : 0);
+    }
+    return true;
+}
+
+static bool set_rule(const char *name, const char *value, void *arg) {
+    (void)arg;
+    return sp_x_option_set(name, value) == SP_SUCCESS;
+}
+
+bool replay_recorded_rules(const tr_trace_t *t) {
+    return each_recorded_rule(t, set_rule, NULL);
+}
+
+/* set_rule for a configuration of --compare: remembered, to be put back before the next. */
+typedef struct rule_err {
+    char *err;     /* the configuration's error text */
+    size_t errlen; /* its room */
+} rule_err_t;
+static bool set_rule_item(const char *name, const char *value, void *arg) {
+    rule_err_t *e = arg;
+    if (!item_remember(name, e->err, e->errlen))
+        return false;
+    if (sp_x_option_set(name, value) != SP_SUCCESS) {
+        snprintf(e->err, e->errlen, "%s", sp_last_error());
+        return false;
+    }
     return true;
 }
 
@@ -2132,18 +2184,18 @@ bool replay_pytorch_rules(void) {
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes), the recorded max_split_size it set to the byte to *split_p (0: none). */
-static bool apply_conf(const char *trace, const char *base, const tr_settings_t *recorded,
-                       const char *conf, const char *capacity, bool pytorch_rules, char *alloc,
-                       size_t len, uint64_t *split_p, char *err, size_t errlen) {
+static bool apply_conf(const char *trace, const char *base, const tr_trace_t *t,
+                       const tr_settings_t *recorded, const char *conf, const char *capacity,
+                       bool recorded_rules, char *alloc, size_t len, uint64_t *split_p, char *err,
+                       size_t errlen) {
     *split_p = 0;
     items_put_back(); /* what the previous configuration's items set */
-    for (size_t k = 0; pytorch_rules && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
-        if (!item_remember(g_our_rules[k], err, errlen) ||
-            sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS) {
-            if (!err[0])
-                snprintf(err, errlen, "%s", sp_last_error());
-            return false;
-        }
+    rule_err_t rule_err = {err, errlen};
+    if (recorded_rules && !each_recorded_rule(t, set_rule_item, &rule_err)) {
+        if (!err[0])
+            snprintf(err, errlen, "%s", sp_last_error());
+        return false;
+    }
     size_t used = (size_t)snprintf(alloc, len, "%s", base);
     if (used >= len) {
         snprintf(err, errlen, "configuration too long: '%.64s...'", base);
@@ -2330,10 +2382,12 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                           int repeat) {
     /* Every configuration starts from what the recorded run used (or --conf). */
     const char *base = user_conf ? user_conf : t->settings.recorded ? t->settings.conf : "";
-    const char *empty = !base[0]                              ? "(defaults)"
-                        : user_conf                           ? "(--conf)"
-                        : reenacts_pytorch_rules(t, NULL, "") ? "(recorded, PyTorch's rules)"
-                                                              : "(recorded)";
+    const char *empty =
+        !base[0]    ? "(defaults)"
+        : user_conf ? "(--conf)"
+        : reenacts_pytorch_rules(t, NULL, "")
+            ? (t->settings.rules[0] ? "(recorded, its rules)" : "(recorded, PyTorch's rules)")
+            : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
     char(*eff)[1024] = calloc((size_t)n, sizeof(*eff));  /* each one's SYMPOOL_ALLOC_CONF */
     char(*envs)[512] = calloc((size_t)n, sizeof(*envs)); /* the environment's items it ran with */
@@ -2352,7 +2406,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
      * anything runs, not after the ones before it have replayed. */
     quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
-        if (!apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
+        if (!apply_conf(trace, base, t, user_conf ? NULL : &t->settings, confs[i], capacity,
                         reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]),
                         &split[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -2372,8 +2426,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         bool applied = sp_shutdown() == SP_SUCCESS &&
-                       apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
-                                  reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
+                       apply_conf(trace, base, t, user_conf ? NULL : &t->settings, confs[i],
+                                  capacity, reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
                                   sizeof(eff[i]), &split[i], err, sizeof(err));
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
         if (applied)
@@ -2713,7 +2767,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     /* A recording made with expandable segments re-enacted by PyTorch's rules (--conf asks what
      * sympool would do, and keeps ours). */
-    if (reenacts_pytorch_rules(&t, a.conf, "") && !replay_pytorch_rules()) {
+    if (reenacts_pytorch_rules(&t, a.conf, "") && !replay_recorded_rules(&t)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 1;

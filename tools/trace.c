@@ -2349,6 +2349,52 @@ static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
              value);
 }
 
+/* sympool's snapshots with expandable segments record the rules of ours the run used
+ * (sympool_expandable_rules, pool/snapshot.c): NAME=VALUE items of SYMPOOL_EXPANDABLE_ options
+ * (but _SEGMENTS, which expandable_segments says), each checked as the option would take it. A
+ * value that is not such a list is said, not replayed as PyTorch's rules without a word. */
+static void read_rules(const pk_value_t *as, tr_settings_t *st, char *why, size_t cap) {
+    const pk_value_t *v = pk_get(as, "sympool_expandable_rules");
+    if (v == NULL)
+        return;
+    const char *text = pk_str(v);
+    if (text == NULL || v->u.str.len >= sizeof st->rules || strlen(text) != v->u.str.len) {
+        snprintf(why, cap,
+                 "allocator_settings['sympool_expandable_rules'] is %s, not the list of "
+                 "NAME=VALUE items sympool writes",
+                 text == NULL ? kind_of(v) : "a str of another form");
+        return;
+    }
+    for (const char *p = text; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256], check[120];
+        const char *eq = memchr(p, '=', n);
+        if (n >= sizeof item || eq == NULL) {
+            snprintf(why, cap,
+                     "allocator_settings['sympool_expandable_rules']: '%.*s' is no "
+                     "NAME=VALUE item",
+                     (int)(n < 64 ? n : 64), p);
+            return;
+        }
+        memcpy(item, p, n);
+        item[n] = '\0';
+        item[eq - p] = '\0';
+        if (strncmp(item, "SYMPOOL_EXPANDABLE_", 19) != 0 ||
+            strcmp(item, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0 ||
+            !sp_x_option_check(item, item + (eq - p) + 1, check, sizeof check)) {
+            snprintf(why, cap, "allocator_settings['sympool_expandable_rules']: %.64s: %s", item,
+                     strncmp(item, "SYMPOOL_EXPANDABLE_", 19) != 0 ||
+                             strcmp(item, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0
+                         ? "not a rule of sympool's expandable segments"
+                         : check);
+            return;
+        }
+        p += n + (end ? 1 : 0);
+    }
+    snprintf(st->rules, sizeof st->rules, "%s", text);
+}
+
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
     memset(st, 0, sizeof(*st));
     if (as == NULL || as->type != PK_DICT)
@@ -2489,6 +2535,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         p += n + (end ? 1 : 0);
     }
 #undef ADD
+    char rules_bad[320] = ""; /* why sympool_expandable_rules is not what sympool writes */
+    read_rules(as, st, rules_bad, sizeof rules_bad);
     /* Settings PyTorch refuses (a max_split_size under 20 MiB, a threshold outside (0, 1)):
      * said once here, so that every command says the same about them. */
     char why[256];
@@ -2500,6 +2548,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
     else if (rp_bad[0] != '\0')
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
+    else if (rules_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", rules_bad);
 }
 
 uint64_t tr_settings_split_to_set(const tr_settings_t *st) {

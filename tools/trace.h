@@ -212,6 +212,10 @@ typedef struct tr_settings {
      * takes bytes; PyTorch's max_split_size_mb, and so conf, only MiB), 0 otherwise: set as
      * that option beside conf (tr_settings_set_split), not rounded into conf. */
     uint64_t split_bytes;
+    /* sympool's own rules for expandable segments in the recorded run (its snapshots'
+     * sympool_expandable_rules: "SYMPOOL_EXPANDABLE_PAGE=2MiB,..."), each checked as that
+     * option; "" for a snapshot without them (PyTorch's: its rules) */
+    char rules[1024];
 } tr_settings_t;
 
 typedef struct tr_trace {
