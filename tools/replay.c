@@ -1694,6 +1694,30 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 " the replay hit %zu OOM%s at the emulated device's capacity, where the recorded "
                 "run hit %zu (the requests it refused are not in its peaks);",
                 r->ooms, r->ooms == 1 ? "" : "s", r->recorded_ooms);
+    size_t miss_allocs = 0, miss_segs = 0;
+    uint64_t miss_alloc_bytes = 0, miss_seg_bytes = 0;
+    for (int d = 0; d < t->ndev; d++) {
+        miss_allocs += t->dev[d].missing_allocs;
+        miss_alloc_bytes += t->dev[d].missing_alloc_bytes;
+        miss_segs += t->dev[d].missing_seg_allocs;
+        miss_seg_bytes += t->dev[d].missing_seg_bytes;
+    }
+    /* Before the reasons they explain (a starting state the trace does not imply, requests past
+     * the recorded reserved bytes): what a recording with skip_actions left out. */
+    if (miss_segs > 0)
+        add_why(buf, cap, &n,
+                " %zu segment_free%s (%.3f GiB) of segments freed already, with no "
+                "segment_alloc since: segment_alloc entries are missing (recorded with "
+                "skip_actions=['segment_alloc']?), and PyTorch's reserved bytes walked back from "
+                "the end (its peak as given) count each such segment once more;",
+                miss_segs, miss_segs == 1 ? "" : "s", gib((double)miss_seg_bytes));
+    if (miss_allocs > 0)
+        add_why(buf, cap, &n,
+                " %zu free%s (%.3f GiB) of blocks no alloc entry made cannot have been live "
+                "before the first entry (freed already, or in a segment the trace made before): "
+                "alloc entries are missing (recorded with skip_actions=['alloc']?), and the "
+                "replay reads them as blocks live before it or as frees of nothing;",
+                miss_allocs, miss_allocs == 1 ? "" : "s", gib((double)miss_alloc_bytes));
     if (r->start_requested)
         add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
     else if (r->pytorch_start_reserved != r->start_bytes)

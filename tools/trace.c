@@ -1669,6 +1669,97 @@ static rim_t released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, 
     return split ? RIM_SPLIT : gc ? RIM_GC : RIM_NO;
 }
 
+/* The alloc and segment_alloc entries a recording left out (skip_actions=["alloc"] or
+ * ["segment_alloc"]), where the trace shows them missing (tr_device_t.missing_*): a block freed
+ * again with no alloc since its last free, or freed first while it lies in a segment a
+ * segment_alloc of the trace made (it cannot have been live before the first entry); a fixed
+ * segment freed again with no segment_alloc since its last segment_free. Both were read as
+ * blocks and segments live before the first entry, and a replay said only "an inconsistent
+ * trace". An expandable segment's map and unmap entries need not name the same addresses: not
+ * counted. false on OOM. */
+typedef struct seg_span {
+    uint64_t addr, end; /* a segment the trace made, live: [addr, end) */
+} seg_span_t;
+
+static size_t span_at(const seg_span_t *s, size_t n, uint64_t addr) {
+    size_t a = 0, b = n; /* the first span whose end is past addr */
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (s[m].end <= addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+static bool count_missing(tr_device_t *d) {
+    enum { LIVE = 1, REQUESTED, FREED };
+    tr_map_t blocks = {0}, segs = {0}; /* address -> LIVE, REQUESTED or FREED */
+    seg_span_t *made = NULL;           /* the live segments the trace made, by address */
+    size_t nmade = 0, cap_made = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < d->nev; i++) {
+        const tr_event_t *e = &d->ev[i];
+        uintptr_t st = 0;
+        if (e->addr == 0)
+            continue; /* the map takes no key 0 */
+        switch (e->action) {
+        case TR_ALLOC:
+            ok = tr_map_put(&blocks, e->addr, LIVE);
+            break;
+        case TR_FREE_REQUESTED:
+        case TR_FREE_COMPLETED: {
+            bool known = tr_map_get(&blocks, e->addr, &st);
+            size_t k = known ? 0 : span_at(made, nmade, e->addr);
+            if ((known && (st == FREED || (st == REQUESTED && e->action == TR_FREE_REQUESTED))) ||
+                (!known && k < nmade && made[k].addr <= e->addr)) {
+                d->missing_allocs++;
+                d->missing_alloc_bytes += e->size;
+            }
+            ok = tr_map_put(&blocks, e->addr,
+                            e->action == TR_FREE_REQUESTED && !(e->flags & TR_F_COMPLETION)
+                                ? REQUESTED
+                                : FREED);
+            break;
+        }
+        case TR_SEGMENT_ALLOC: {
+            ok = tr_map_put(&segs, e->addr, LIVE);
+            size_t k = span_at(made, nmade, e->addr);
+            if (ok && (k == nmade || made[k].addr != e->addr) && e->size > 0 &&
+                e->addr + e->size > e->addr) {
+                ok = GROW(made, nmade, cap_made);
+                if (ok) {
+                    memmove(made + k + 1, made + k, (nmade - k) * sizeof(*made));
+                    made[k] = (seg_span_t){e->addr, e->addr + e->size};
+                    nmade++;
+                }
+            }
+            break;
+        }
+        case TR_SEGMENT_FREE: {
+            if (tr_map_get(&segs, e->addr, &st) && st == FREED) {
+                d->missing_seg_allocs++;
+                d->missing_seg_bytes += e->size;
+            }
+            ok = tr_map_put(&segs, e->addr, FREED);
+            size_t k = span_at(made, nmade, e->addr);
+            if (ok && k < nmade && made[k].addr == e->addr) {
+                memmove(made + k, made + k + 1, (nmade - k - 1) * sizeof(*made));
+                nmade--;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    tr_map_free(&blocks);
+    tr_map_free(&segs);
+    free(made);
+    return ok;
+}
+
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
  * address's value: 1 while it is live), and an array already in order is not sorted again. */
 static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_settings_t *set,
@@ -2237,6 +2328,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * left them out) or are missing from the snapshot's segments, and PyTorch's reserved bytes
      * before that point, its peak included, are at least those counted. */
     d->unrecorded_free = (uint64_t)-low;
+    if (!count_missing(d))
+        goto oom;
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {

@@ -163,11 +163,19 @@ typedef struct tr_device {
     uint64_t unrecorded_free; /* how far the reserved bytes walked back from the end go below
                                * 0: at least these bytes of segments were released with no
                                * entry for it (0 in a consistent trace) */
-    uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
-    size_t recorded_ooms;     /* oom events in the trace */
-    tr_meta_t *meta;          /* events with a user_metadata other than "", in event order (NULL
-                               * when none: the usual case) */
-    size_t nmeta;             /* entries in meta */
+    /* Entries a recording made with skip_actions left out, as far as the trace shows them:
+     * frees of blocks no alloc entry made that cannot have been live before the first entry
+     * (freed already, with no alloc between; or in a segment a segment_alloc of the trace made),
+     * and segment_frees of fixed segments already freed, with no segment_alloc between. */
+    size_t missing_allocs;        /* such frees */
+    uint64_t missing_alloc_bytes; /* their blocks' sizes */
+    size_t missing_seg_allocs;    /* such segment_frees */
+    uint64_t missing_seg_bytes;   /* their segments' sizes */
+    uint64_t peak_requested;      /* peak of seeds + allocs - free_requested sizes */
+    size_t recorded_ooms;         /* oom events in the trace */
+    tr_meta_t *meta;              /* events with a user_metadata other than "", in event order (NULL
+                                   * when none: the usual case) */
+    size_t nmeta;                 /* entries in meta */
 } tr_device_t;
 
 /* The change event i of d makes to the bytes PyTorch counts as requested (requested_bytes): up

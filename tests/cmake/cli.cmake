@@ -880,6 +880,23 @@ if(TARGET sympool_cli)
   set_tests_properties(cli.replay_says_segment_frees_are_missing PROPERTIES LABELS "unit;cli"
     TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
     PASS_REGULAR_EXPRESSION "\"peak_reserved_bytes\":83886080,\"pytorch_peak_reserved_bytes\":52428800,.*\"differs_because\":\"segments of at least 0.029 GiB were released with no segment_free or segment_unmap entry.*segments of at least 0.029 GiB released with no segment_free")
+  # Recorded with skip_actions=["segment_alloc"]: segment A freed twice with no segment_alloc
+  # between. Walked back, PyTorch's reserved bytes count it twice (60 MiB, where the run had 40
+  # at most); the reason given was only "an inconsistent trace". replay and info say what is
+  # missing, and how much.
+  add_test(NAME cli.replay_says_segment_allocs_are_missing COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-skip-segment-alloc.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-skip-segment-alloc.json'")
+  set_tests_properties(cli.replay_says_segment_allocs_are_missing PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"differs_because\":\"1 segment_free [(]0.020 GiB[)] of segments freed already, with no segment_alloc since: segment_alloc entries are missing.*\n  1 segment_free [(]0.020 GiB[)] of segments freed already, with no segment_alloc since: segment_alloc entries are missing")
+  # Recorded with skip_actions=["alloc"]: a 30 MiB block freed twice in a segment the trace made,
+  # no alloc before either free: both read as blocks live before the first entry, and the reason
+  # given was only "an inconsistent trace".
+  add_test(NAME cli.replay_says_allocs_are_missing COMMAND sh -c
+    "'$<TARGET_FILE:sympool_cli>' replay '${SP_DATA}/trace-skip-alloc.json' --json && '$<TARGET_FILE:sympool_cli>' info '${SP_DATA}/trace-skip-alloc.json' && '$<TARGET_FILE:sympool_cli>' info --json '${SP_DATA}/trace-skip-alloc.json'")
+  set_tests_properties(cli.replay_says_allocs_are_missing PROPERTIES LABELS "unit;cli"
+    TIMEOUT 60 ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "\"differs_because\":\"2 frees [(]0.059 GiB[)] of blocks no alloc entry made cannot have been live before the first entry.*alloc entries are missing.*\n  2 frees [(]0.059 GiB[)] of blocks no alloc entry made that cannot have been live.*\"missing_entries\": {[^}]*\"allocs\": 2,[^}]*\"alloc_bytes\": 62914560,[^}]*\"segment_allocs\": 0,")
   # With max_split_size recorded, every run of segment frees before a segment allocation was read
   # as a release inside that malloc, so the user's empty_cache (its 20 MiB segment, under the
   # 64 MiB max_split_size that release_available_cached_blocks frees at least) was not replayed:
