@@ -155,6 +155,8 @@ typedef struct replay_result {
     uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
     int64_t start_reserved;          /* ours once the starting state is built: the peak's floor */
     size_t empty_caches;             /* the user's empty_cache calls replayed */
+    size_t gc_runs;                  /* runs of segment frees left to the next malloc's garbage
+                                      * collection (TR_F_MAYBE_GC, collects_next) */
     size_t deferred_frees;           /* frees held back for other streams, replayed */
     double ns_per_event;             /* wall time of the event loop / events */
     int devices;                     /* devices replayed */

@@ -461,8 +461,10 @@ static bool collects_next(int dev) {
  * pool's cache stays, as the trace shows it did. */
 static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
                            replay_result_t *r, char *err, size_t errlen) {
-    if ((e->flags & TR_F_MAYBE_GC) && collects_next(dev))
+    if ((e->flags & TR_F_MAYBE_GC) && collects_next(dev)) {
+        r->gc_runs++;
         return true; /* the malloc after it releases them, as the recorded one did */
+    }
     r->empty_caches++;
     bool pools_only = true;
     const tr_event_t *run_end = e;
@@ -1727,6 +1729,18 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
     if (t->settings.dropped[0] || t->settings.fraction > 0)
         add_why(buf, cap, &n, " settings that do not replay exactly (above);");
+    /* Where the trace cannot tell them apart, and what the replay chose (docs/API.md). */
+    if (r->gc_runs > 0)
+        add_why(buf, cap, &n,
+                " %zu run%s of segment frees right before a malloc %s read as that malloc's "
+                "garbage collection (reserved was past the threshold there): the user's "
+                "empty_cache right before it looks the same in the trace, and releases every free "
+                "segment where the collection releases the oldest;",
+                r->gc_runs, r->gc_runs == 1 ? "" : "s", r->gc_runs == 1 ? "was" : "were");
+    if (t->settings.expandable && t->settings.rules[0] && !r->start_requested)
+        add_why(buf, cap, &n,
+                " sympool's own rules for expandable segments, re-enacted from the snapshot, do "
+                "not replay to the byte yet (docs/API.md);");
     uint64_t unrecorded = 0;
     for (int d = 0; d < t->ndev; d++)
         unrecorded += t->dev[d].unrecorded_free;
