@@ -1739,8 +1739,10 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 r->gc_runs, r->gc_runs == 1 ? "" : "s", r->gc_runs == 1 ? "was" : "were");
     if (t->settings.expandable && t->settings.rules[0] && !r->start_requested)
         add_why(buf, cap, &n,
-                " sympool's own rules for expandable segments, re-enacted from the snapshot, do "
-                "not replay to the byte yet (docs/API.md);");
+                " sympool's own rules for expandable segments, re-enacted from the snapshot: "
+                "unmaps right before a growth that no held free outlasts may be "
+                "SYMPOOL_EXPANDABLE_RECYCLE's, and were replayed as the user's empty_cache, which "
+                "unmaps every free page (docs/API.md);");
     uint64_t unrecorded = 0;
     for (int d = 0; d < t->ndev; d++)
         unrecorded += t->dev[d].unrecorded_free;

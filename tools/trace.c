@@ -1655,6 +1655,28 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
  * garbage_collect_cached_blocks, release_available_cached_blocks). The user's empty_cache frees
  * every free segment, and the next malloc often allocates one (RIM_NO). */
 typedef enum { RIM_NO, RIM_SPLIT, RIM_GC } rim_t;
+
+/* Whether ev[i..j) are segment_unmaps of the default pool only (recycle unmaps no other's). */
+static bool default_unmaps_only(const tr_event_t *ev, size_t i, size_t j) {
+    for (size_t k = i; k < j; k++)
+        if (ev[k].action != TR_SEGMENT_UNMAP || ev[k].pool != 0)
+            return false;
+    return true;
+}
+
+/* Whether the recording's own rules (sympool's snapshots) had SYMPOOL_EXPANDABLE_RECYCLE on:
+ * then a malloc that grows an expandable segment of the default pool first unmaps free pages
+ * of its expandable segments (pool/expandable.c, recycle), segment_unmaps right before its
+ * segment_map that no empty_cache made. */
+static bool rules_recycle(const tr_settings_t *set) {
+    const char *p = strstr(set->rules, "SYMPOOL_EXPANDABLE_RECYCLE=");
+    if (!set->expandable || p == NULL)
+        return false;
+    p += strlen("SYMPOOL_EXPANDABLE_RECYCLE=");
+    size_t n = strcspn(p, ",");
+    return !((n == 3 && strncmp(p, "off", 3) == 0) || (n == 1 && *p == '0') ||
+             (n == 5 && strncasecmp(p, "false", 5) == 0) || (n == 2 && strncmp(p, "no", 2) == 0));
+}
 static rim_t released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i,
                                 size_t j) {
     bool gc = set->gc && set->fraction > 0 && set->fraction < 1, split = set->mss != 0;
@@ -2272,11 +2294,23 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
      * malloc (garbage collection, oversize blocks), which then allocates at once. A release
      * for an OOM retry empties the cache too: replaying it as empty_cache is what happened. */
+    /* nheld: frees held for other streams' work at this point (deferred requests, and blocks
+     * pending before the first entry, whose completions have not come yet). An empty_cache
+     * waits for every one of them first (synchronize_and_free_events): a run that some held
+     * free outlasts was no empty_cache. */
+    int64_t nheld = 0;
+    for (size_t k = 0; k < d->nseeds; k++)
+        nheld += d->seeds[k].pending;
+    bool recycles = rules_recycle(set);
     for (size_t i = 0; i < d->nev;) {
         tr_event_t *e = &d->ev[i];
         if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
             if (e->action == TR_ALLOC && nroute > 0 && !(e->flags & TR_F_POOL_ID))
                 e->pool = pool_at(ranges, nroute, e->addr);
+            if (e->action == TR_FREE_REQUESTED && (e->flags & TR_F_DEFERRED))
+                nheld++;
+            else if (e->action == TR_FREE_COMPLETED && e->held_end)
+                nheld--;
             i++;
             continue;
         }
@@ -2291,6 +2325,14 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
             j < d->nev && (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP)
                 ? released_in_malloc(set, d->ev, i, j)
                 : RIM_NO;
+        /* Under sympool's SYMPOOL_EXPANDABLE_RECYCLE, unmaps right before a growth that a held
+         * free outlasts are the growing malloc's own (an empty_cache would have waited for that
+         * free): read as the user's empty_cache, they completed it there, and the replay
+         * unmapped pages the recorded run kept (sympool's own recordings 0.3-1.8% off). Without
+         * a held free the two look alike, and the run stays an empty_cache. */
+        if (internal == RIM_NO && recycles && nheld > 0 && j < d->nev &&
+            d->ev[j].action == TR_SEGMENT_MAP && default_unmaps_only(d->ev, i, j))
+            internal = RIM_SPLIT;
         if (internal != RIM_NO) {
             d->internal_frees += j - i;
             if (internal == RIM_GC)

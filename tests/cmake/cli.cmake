@@ -142,13 +142,15 @@ if(TARGET sympool_cli)
               --conf max_split_size_mb:40,garbage_collection_threshold:0.5,per_process_memory_fraction:0.01)
     set_tests_properties(cli.replay_self PROPERTIES LABELS "unit;cli;python" TIMEOUT 120
       PASS_REGULAR_EXPRESSION "replay-self: ok")
-    # With expandable segments, by sympool's own rules (the snapshot records them): within 2%
-    # (10-31% above when the replay took PyTorch's rules in their place); not exact yet, as
-    # docs/API.md says.
+    # With expandable segments, by sympool's own rules (the snapshot records them; 10-31% above
+    # when the replay took PyTorch's rules in their place), and the unmaps of
+    # SYMPOOL_EXPANDABLE_RECYCLE before a growth that a held free outlasts read as that growth's
+    # (read as an empty_cache, they completed the free: 0.3-1.8% off). Not every program is
+    # exact yet (docs/API.md): these 8 are.
     add_test(NAME cli.replay_self_expandable
       COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/replay_self.py
               $<TARGET_FILE:sympool_cli> $<TARGET_FILE:sympool>
-              ${SP_CLI_OUT}/replay_self_expandable --seeds 1-6 --check --tolerance 2
+              ${SP_CLI_OUT}/replay_self_expandable --seeds 1-8 --check
               --conf expandable_segments:True)
     set_tests_properties(cli.replay_self_expandable PROPERTIES LABELS "unit;cli;python"
       TIMEOUT 120 PASS_REGULAR_EXPRESSION "replay-self: ok")
