@@ -37,6 +37,13 @@ else()
   set(SP_PY_ENV_MPI "${SP_PY_ENV}")
   set(SP_PY_PRELOAD "")
 endif()
+# cli.replay_self and cli.replay_self_expandable (cli.cmake) load this build's .so into Python too.
+foreach(t cli.replay_self cli.replay_self_expandable)
+  if(TEST ${t} AND SP_PY_PRELOAD)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${SP_PY_PRELOAD}"
+      "ASAN_OPTIONS=detect_leaks=0")
+  endif()
+endforeach()
 
 # TSan cannot be preloaded into the interpreter (it segfaults mapping its shadow memory): the
 # Python tests are left out of the TSan build.
