@@ -535,6 +535,11 @@ if(TARGET sympool_cli)
       REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
       ARGS replay ${SMALL} --capacity ${sp_cap} --conf expandable_segments:True)
   endforeach()
+  # A --compare configuration that was accepted but fails to run (the same reservation) is a
+  # failure, exit 1 as with --conf: it exited 2, which says the command line was refused.
+  sp_cli_check(NAME replay_compare_run_failure RC 1
+    REGEX "sympool replay: configuration 'expandable_segments:True': sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
+    ARGS replay ${SMALL} --capacity 1PiB --compare max_split_size_mb:64 expandable_segments:True)
   # --capacity caps the process at the capacity only where a GC threshold is in force: the
   # environment's SYMPOOL_GC_THRESHOLD=0 (off) capped it too and changed the result; a --compare
   # item SYMPOOL_GC_THRESHOLD=0.7 did not, unlike the same value from the environment.
