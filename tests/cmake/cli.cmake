@@ -712,6 +712,15 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/stdin_dash)
   set_tests_properties(cli.stdin_dash PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "stdin dash ok")
+  # plot given one pipe twice ("- -" through a pipe, "- /dev/stdin") read it once: the second
+  # found it empty ("pickle: empty input at offset 0"). A FIFO given twice is refused before it
+  # is opened: its first open waits for a writer, and once that writer is done the second open
+  # waited for another forever (here no writer comes: `timeout` ends the wait with 124).
+  add_test(NAME cli.plot_stream_twice COMMAND sh -c
+    "for a in '- -' '- /dev/stdin'; do cat '${SMALL}' | '$<TARGET_FILE:sympool_cli>' plot $a -o '${SP_CLI_OUT}/stream_twice.svg'; echo \"rc=$?\"; done; f='${SP_CLI_OUT}/plot_fifo_twice'; rm -f \"$f\" && mkfifo \"$f\" && timeout 60 '$<TARGET_FILE:sympool_cli>' plot \"$f\" '${SMALL}' \"$f\" -o '${SP_CLI_OUT}/stream_twice.svg'; echo \"rc=$?\"; rm -f \"$f\"; test -e '${SP_CLI_OUT}/stream_twice.svg' && echo written")
+  set_tests_properties(cli.plot_stream_twice PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^sympool plot: /dev/stdin \\(snapshot 1\\) and /dev/stdin \\(snapshot 2\\) are one pipe or FIFO, which is read once: give it once\nrc=2\nsympool plot: /dev/stdin \\(snapshot 1\\) and /dev/stdin \\(snapshot 2\\) are one pipe or FIFO, which is read once: give it once\nrc=2\nsympool plot: [^\n]*plot_fifo_twice \\(snapshot 1\\) and [^\n]*plot_fifo_twice \\(snapshot 3\\) are one pipe or FIFO, which is read once: give it once\nrc=2\n$")
   # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
   add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
