@@ -386,6 +386,12 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_past_80gib RC 0
     REGEX "peak reserved +90.000 GiB +recorded run: 90.000 GiB \\(\\+0.00%\\).*OOMs +0 "
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  # Each device's recorded bytes stay below 4 EiB (the loader's bound), but replay adds them up
+  # over devices: six devices of 3 EiB reported PyTorch's peak reserved as 2 EiB (18 EiB wrapped
+  # at 2^64), rc 0. Refused, naming the sum.
+  sp_cli_check(NAME replay_device_sums_past_16eib RC 1
+    REGEX "trace-devices-past-16eib.json: the recorded peak reserved of devices 0 to 5 together reach 16 EiB"
+    ARGS replay --json ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-devices-past-16eib.json)
   sp_cli_check(NAME summary_past_80gib RC 0 REGEX "Allocated memory +\\| +0 B +\\| +90.0 GiB "
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
   # The capacity the user gives is the one replay uses.
