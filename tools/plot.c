@@ -208,12 +208,17 @@ typedef struct series {
 } series_t;
 
 /* Where event i lies on the x axis, 0..1. With times, all series share one time scale (gspan,
- * microseconds) from their own first event; without, each spans the axis by event index. */
+ * microseconds) from their own first event; without, each spans the axis by event index. A
+ * time out of order (before the first event's, after the last's: use_time compares only those
+ * two) lies at the axis' end nearest to it: it was drawn off the chart, and its column, a
+ * double past INT_MAX converted to int, was undefined behaviour. */
 static double xfrac(const series_t *s, size_t i, double gspan, bool time_axis) {
     if (s->d->nev == 0)
         return 0;
-    if (time_axis)
-        return gspan > 0 ? (double)(tr_time_us(s->d, i) - tr_time_us(s->d, 0)) / gspan : 0;
+    if (time_axis) {
+        double x = gspan > 0 ? (double)(tr_time_us(s->d, i) - tr_time_us(s->d, 0)) / gspan : 0;
+        return x < 0 ? 0 : x > 1 ? 1 : x;
+    }
     return s->d->nev > 1 ? (double)i / (double)(s->d->nev - 1) : 0;
 }
 
