@@ -105,6 +105,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
     set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A pickle that memoizes more than 2^24 values (as snapshots of about 1.5 GB do) was refused
+    # ("memo index 16777216 exceeds the limit"): the memo's bound is the document's size now.
+    add_test(NAME cli.memo_past_2_24
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/memo_past_2_24.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/memo_past_2_24)
+    set_tests_properties(cli.memo_past_2_24 PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # A stream of junk (a pipe, /dev/zero) is refused from its first bytes, as the same bytes
     # in a regular file are: not read to the 4 GiB cap first, nor waited on for more.
     add_test(NAME cli.stream_junk
