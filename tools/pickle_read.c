@@ -152,7 +152,12 @@ void pk_limits_default(pk_limits_t *lim) {
      * without one, and every MARK is a byte of the document, so its size bounds them (marks
      * are 8 bytes each, 16 with a record hook, grown by doubling). */
     lim->max_depth = SIZE_MAX;
-    lim->max_memo = (size_t)1 << 24;
+    /* The memo's bound is the document's size (at least 2^24, pk_parse_records): every entry a
+     * pickler makes is at least a byte (MEMOIZE), and PyTorch's snapshots memoize a value every
+     * 60-130 bytes, so a fixed 2^24 refused snapshots past about 1.5 GB, which pickle.load reads
+     * and the commands take up to 4 GiB of. A LONG_BINPUT index past it is still refused
+     * instead of allocated for. */
+    lim->max_memo = SIZE_MAX;
     /* No count of values by default: every opcode that makes a value is at least a byte, so a
      * document makes at most as many values as it has bytes, and its size bounds their memory
      * (as it bounds what pickle.load makes of it). A count of our own would refuse, in the
@@ -2759,6 +2764,9 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.lim = *lim;
     else
         pk_limits_default(&ps.lim);
+    size_t memo_by_len = ps.len > ((size_t)1 << 24) ? ps.len : (size_t)1 << 24;
+    if (ps.lim.max_memo > memo_by_len)
+        ps.lim.max_memo = memo_by_len;
     if (ps.lim.max_depth == 0)
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));

@@ -105,6 +105,13 @@ if(TARGET sympool_cli)
               $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/truncated_while_read)
     set_tests_properties(cli.truncated_while_read PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
       PASS_REGULAR_EXPRESSION "^ok")
+    # A pickle that memoizes more than 2^24 values (as snapshots of about 1.5 GB do) was refused
+    # ("memo index 16777216 exceeds the limit"): the memo's bound is the document's size now.
+    add_test(NAME cli.memo_past_2_24
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/cli/memo_past_2_24.py
+              $<TARGET_FILE:sympool_cli> ${SP_CLI_OUT}/memo_past_2_24)
+    set_tests_properties(cli.memo_past_2_24 PROPERTIES LABELS "unit;cli;python" TIMEOUT 300
+      PASS_REGULAR_EXPRESSION "^ok")
     # A stream of junk (a pipe, /dev/zero) is refused from its first bytes, as the same bytes
     # in a regular file are: not read to the 4 GiB cap first, nor waited on for more.
     add_test(NAME cli.stream_junk
@@ -412,6 +419,12 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_past_80gib RC 0
     REGEX "peak reserved +90.000 GiB +recorded run: 90.000 GiB \\(\\+0.00%\\).*OOMs +0 "
     ARGS replay ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
+  # Each device's recorded bytes stay below 4 EiB (the loader's bound), but replay adds them up
+  # over devices: six devices of 3 EiB reported PyTorch's peak reserved as 2 EiB (18 EiB wrapped
+  # at 2^64), rc 0. Refused, naming the sum.
+  sp_cli_check(NAME replay_device_sums_past_16eib RC 1
+    REGEX "trace-devices-past-16eib.json: the recorded peak reserved of devices 0 to 5 together reach 16 EiB"
+    ARGS replay --json ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-devices-past-16eib.json)
   sp_cli_check(NAME summary_past_80gib RC 0 REGEX "Allocated memory +\\| +0 B +\\| +90.0 GiB "
     ARGS summary ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-90gib.json)
   # The capacity the user gives is the one replay uses.
@@ -553,6 +566,19 @@ if(TARGET sympool_cli)
   sp_cli_check(NAME replay_capacity_beyond_address_space RC 1
     REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
     ARGS replay ${SMALL} --capacity 1PiB --conf expandable_segments:True)
+  # ... and so does one of exabytes: the host device asked the heap for the reservation's page
+  # table (a byte per 2 MiB page: 618 GB, 4.3 TB) before the address space, which
+  # AddressSanitizer aborts on ("allocation-size-too-big", "out-of-memory").
+  foreach(sp_cap IN ITEMS 1EiB 7EiB)
+    sp_cli_check(NAME replay_capacity_${sp_cap}_expandable RC 1
+      REGEX "sympool replay: sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
+      ARGS replay ${SMALL} --capacity ${sp_cap} --conf expandable_segments:True)
+  endforeach()
+  # A --compare configuration that was accepted but fails to run (the same reservation) is a
+  # failure, exit 1 as with --conf: it exited 2, which says the command line was refused.
+  sp_cli_check(NAME replay_compare_run_failure RC 1
+    REGEX "sympool replay: configuration 'expandable_segments:True': sp_malloc\\([0-9]+\\): SP_ERR_SYSTEM: host device 0: cannot reserve [0-9]+ bytes of address space"
+    ARGS replay ${SMALL} --capacity 1PiB --compare max_split_size_mb:64 expandable_segments:True)
   # --capacity caps the process at the capacity only where a GC threshold is in force: the
   # environment's SYMPOOL_GC_THRESHOLD=0 (off) capped it too and changed the result; a --compare
   # item SYMPOOL_GC_THRESHOLD=0.7 did not, unlike the same value from the environment.
@@ -668,6 +694,16 @@ if(TARGET sympool_cli)
   # A requested peak before the first event (a block live at the start, freed by it): the panel
   # of what is live at the peak counts that block, from before the trace (it counted nothing
   # there, and the whole peak as 0 blocks allocated in the trace).
+  # An entry whose time_us lies far past the last one's (times out of order: the time axis is
+  # chosen from the first and last alone): its x column, a double past INT_MAX converted to int,
+  # was undefined behaviour (UBSan: "outside the range of representable values of type 'int'")
+  # and its peak marker was drawn off the chart. It lies at the axis' end now.
+  sp_cli_check(NAME plot_time_out_of_order RC 0
+    REGEX "wrote [^\n]*time_out_of_order.svg \\(device 0: 4 events"
+    ARGS plot ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-plot-time-out-of-order.json -o ${SP_CLI_OUT}/time_out_of_order.svg)
+  sp_cli_check(NAME plot_time_out_of_order_two RC 0
+    REGEX "wrote [^\n]*time_out_of_order_two.svg \\(2 snapshots"
+    ARGS plot ${CMAKE_CURRENT_SOURCE_DIR}/data/trace-plot-time-out-of-order.json ${SMALL} -o ${SP_CLI_OUT}/time_out_of_order_two.svg)
   add_test(NAME cli.plot_peak_at_start COMMAND sh -c
     "'$<TARGET_FILE:sympool_cli>' plot '${CMAKE_CURRENT_SOURCE_DIR}/data/trace-plot-peak-at-start.json' -o '${SP_CLI_OUT}/peak-at-start.svg' >/dev/null && cat '${SP_CLI_OUT}/peak-at-start.svg'")
   set_tests_properties(cli.plot_peak_at_start PROPERTIES LABELS "unit;cli" TIMEOUT 60
@@ -725,6 +761,15 @@ if(TARGET sympool_cli)
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/stdin_dash)
   set_tests_properties(cli.stdin_dash PROPERTIES LABELS "unit;cli" TIMEOUT 120
     PASS_REGULAR_EXPRESSION "stdin dash ok")
+  # plot given one pipe twice ("- -" through a pipe, "- /dev/stdin") read it once: the second
+  # found it empty ("pickle: empty input at offset 0"). A FIFO given twice is refused before it
+  # is opened: its first open waits for a writer, and once that writer is done the second open
+  # waited for another forever (here no writer comes: `timeout` ends the wait with 124).
+  add_test(NAME cli.plot_stream_twice COMMAND sh -c
+    "for a in '- -' '- /dev/stdin'; do cat '${SMALL}' | '$<TARGET_FILE:sympool_cli>' plot $a -o '${SP_CLI_OUT}/stream_twice.svg'; echo \"rc=$?\"; done; f='${SP_CLI_OUT}/plot_fifo_twice'; rm -f \"$f\" && mkfifo \"$f\" && timeout 60 '$<TARGET_FILE:sympool_cli>' plot \"$f\" '${SMALL}' \"$f\" -o '${SP_CLI_OUT}/stream_twice.svg'; echo \"rc=$?\"; rm -f \"$f\"; test -e '${SP_CLI_OUT}/stream_twice.svg' && echo written")
+  set_tests_properties(cli.plot_stream_twice PROPERTIES LABELS "unit;cli" TIMEOUT 120
+    ENVIRONMENT "SYMPOOL_DEVICE=host"
+    PASS_REGULAR_EXPRESSION "^sympool plot: /dev/stdin \\(snapshot 1\\) and /dev/stdin \\(snapshot 2\\) are one pipe or FIFO, which is read once: give it once\nrc=2\nsympool plot: /dev/stdin \\(snapshot 1\\) and /dev/stdin \\(snapshot 2\\) are one pipe or FIFO, which is read once: give it once\nrc=2\nsympool plot: [^\n]*plot_fifo_twice \\(snapshot 1\\) and [^\n]*plot_fifo_twice \\(snapshot 3\\) are one pipe or FIFO, which is read once: give it once\nrc=2\n$")
   # Output paths refused up front with their reason; an input over 4 GiB refused from its size.
   add_test(NAME cli.output_paths COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli/output_paths.sh
     $<TARGET_FILE:sympool_cli> ${SMALL} ${SP_CLI_OUT}/output_paths)
