@@ -80,7 +80,15 @@ static double opts_d[SP_OPT_COUNT]; /* opts[o].v.d as of the last change (writte
 
 bool sp__log_wanted(sp_log_level_t level, unsigned subsys) {
     sp__options_ensure();
-    return __atomic_load_n(&sp__log_level, __ATOMIC_RELAXED) >= (int)level &&
+    int in_force = __atomic_load_n(&sp__log_level, __ATOMIC_RELAXED);
+    /* Still unread once the options were read: an sp_shutdown on another thread has marked them
+     * unread since (sp__options_forget), for the next line to read them again. The mark is no
+     * level (it is above all of them): this line keeps the level last set, which is in force
+     * until that reading. Not reading them here: a line may be logged under opts_lock
+     * (sp__option_set), which a reading takes. Lines of the load itself keep the mark. */
+    if (in_force == SP_LOG_UNREAD && !opts_loading)
+        in_force = __atomic_load_n(&sp__log_level_configured, __ATOMIC_RELAXED);
+    return in_force >= (int)level &&
            (__atomic_load_n(&sp__log_mask, __ATOMIC_RELAXED) & subsys) != 0;
 }
 

@@ -138,6 +138,9 @@ enum {
 #define SP_LOG_UNREAD 100
 extern int sp__log_level;
 extern unsigned sp__log_mask;
+/* The level the options last set (never SP_LOG_UNREAD once they were read): what sp__log_wanted
+ * judges by when sp__log_level holds the mark of an sp_shutdown that raced the line. */
+extern int sp__log_level_configured;
 
 /* Writes one line unconditionally (callers test SP_LOG_ENABLED first). */
 void sp__log_at(sp_log_level_t level, unsigned subsys, const char *file, int line, const char *fmt,

@@ -399,6 +399,96 @@ static void lock_slow(sp_lock_t *l) {
     }
 }
 
+/* ---- a take that gives up (sp__lock_unless) ----------------------------------------------- */
+
+/* A revocation that must not wait any longer undone (the word is 1, this thread's since its
+ * CAS, and the owner is still inside): the word back to `biased`, with the same owner, which
+ * leaves as it entered (its exit writes only its `in`, or its record's); the process's count of
+ * unbiased locks as it was; a thread that went to sleep on the held word woken to look again. */
+static void revoke_undo(sp_lock_t *l, int biased) {
+    atomic_store_explicit(&l->v, biased, memory_order_release);
+    bias_back();
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+        sp__unlock_wake(l);
+}
+
+/* A lock biased (`c`: BIASED or REBIASED) to another thread, taken by revoking the bias unless
+ * *stop turns nonzero while its owner is still inside. 1: taken; 0: the word changed first (look
+ * again); -1: stopped (the revocation undone, nothing held). */
+static int revoke_unless(sp_lock_t *l, int c, const atomic_bool *stop) {
+    int biased = c;
+    if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                                 memory_order_relaxed))
+        return 0;
+    sp_lock_rec_t *r = NULL;
+    if (biased == SP_LOCK_REBIASED) {
+        r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
+    } else if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
+        /* Nobody owns it yet, so nobody is inside: as take_biased_from_other. */
+        __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
+        atomic_store_explicit(&l->in, 1, memory_order_relaxed);
+        (void)atomic_exchange_explicit(&l->v, SP_LOCK_BIASED, memory_order_seq_cst);
+        if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+            sp__unlock_wake(l);
+        return 1;
+    }
+    bias_lost();
+    barrier_everywhere();
+    for (long nap = 1000; owner_inside(l, r);) {
+        if (atomic_load_explicit(stop, memory_order_acquire)) {
+            revoke_undo(l, biased);
+            return -1;
+        }
+        struct timespec bound = {0, nap};
+        nanosleep(&bound, NULL);
+        nap = nap < SP_LOCK_SLEEP_NS / 2 ? 2 * nap : SP_LOCK_SLEEP_NS;
+    }
+    streak_begins(l);
+    return 1;
+}
+
+static bool lock_unless(sp_lock_t *l, const atomic_bool *stop);
+
+/* Counted in `waiting` while here, as sp__lock_slow. */
+bool sp__lock_unless(sp_lock_t *l, const atomic_bool *stop) {
+    atomic_fetch_add_explicit(&l->waiting, 1, memory_order_relaxed);
+    bool got = lock_unless(l, stop);
+    atomic_fetch_sub_explicit(&l->waiting, 1, memory_order_relaxed);
+    return got;
+}
+
+static bool lock_unless(sp_lock_t *l, const atomic_bool *stop) {
+    for (long nap = 1000;; nap = nap < SP_LOCK_SLEEP_NS / 2 ? 2 * nap : SP_LOCK_SLEEP_NS) {
+        if (sp__lock_try(l))
+            return true;
+        int c = atomic_load_explicit(&l->v, memory_order_relaxed);
+        /* The calling thread's own bias: its entries never wait for another thread. */
+        if (c == SP_LOCK_BIASED && sp__lock_mine(l)) {
+            if (sp__lock_owner_take(l))
+                return true;
+            continue;
+        }
+        if (c == SP_LOCK_REBIASED && sp__lock_rec_mine(l)) {
+            if (take_from_rebias(l))
+                return true;
+            continue;
+        }
+        if (c == SP_LOCK_BIASED || c == SP_LOCK_REBIASED) {
+            int got = revoke_unless(l, c, stop);
+            if (got != 0)
+                return got > 0;
+            continue;
+        }
+        /* Held as 1 by another thread: look again after a nap (the holder's unlock wakes only
+         * the sleepers it counts; this thread is not one, so the nap bounds its wait). */
+        if (atomic_load_explicit(stop, memory_order_acquire))
+            return false;
+        struct timespec bound = {0, nap};
+        nanosleep(&bound, NULL);
+    }
+}
+
 /* Taken alone (SP_LOCK_ALONE), given back after this thread made another: that thread may be
  * asleep on the word. Off the hot path, so the fence makes this wake exact. */
 void sp__unlock_born(sp_lock_t *l) {

@@ -366,6 +366,12 @@ static inline void sp__lock_fork_child(sp_lock_t *l) {
 }
 
 void sp__lock_slow(sp_lock_t *l);
+/* sp__lock for the fork handler: takes l, unless *stop turns nonzero while another thread holds
+ * it; then false, nothing held (a revocation of its bias under way is undone). *stop is written
+ * by l's holder alone (a device's "inside a user callback" flag), so a holder that waits for the
+ * caller, which sp__lock would wait for in turn, is left alone. Polls in naps of up to
+ * SP_LOCK_SLEEP_NS: a slow path, once per fork. */
+bool sp__lock_unless(sp_lock_t *l, const atomic_bool *stop);
 void sp__unlock_wake(sp_lock_t *l);
 void sp__unlock_born(sp_lock_t *l);
 /* Alone, on a re-biased lock (a fork child's): the only thread enters it as its owner. */

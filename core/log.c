@@ -38,6 +38,7 @@
 
 int sp__log_level = SP_LOG_UNREAD;
 unsigned sp__log_mask = SP_SUB_ALL;
+int sp__log_level_configured = SP_LOG_UNREAD;
 
 #define LOG_LINE_MAX 2048   /* longest line written; longer messages end in "..." */
 #define LOG_PATTERN_MAX 512 /* longest SYMPOOL_DEBUG_FILE pattern */
@@ -127,6 +128,7 @@ static void close_file_locked(void) {
 }
 
 void sp__log_configure(int level, unsigned mask, const char *file_pattern) {
+    __atomic_store_n(&sp__log_level_configured, level, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__log_level, level, __ATOMIC_RELAXED);
     __atomic_store_n(&sp__log_mask, mask, __ATOMIC_RELAXED);
     if (file_pattern == NULL)

@@ -547,6 +547,18 @@ sp_grow_refusal_t sp__alloc_segment_room(const sp_devalloc_t *d, const sp_mempoo
     return SP_GROW_DEVICE;
 }
 
+/* A pool's segment allocator runs: user code, under d's lock, which the fork handler then leaves
+ * to this thread (sp_devalloc_t.in_user_cb). */
+static void user_cb_enter(sp_devalloc_t *d) {
+    sp__callback_enter();
+    atomic_store_explicit(&d->in_user_cb, true, memory_order_release);
+}
+
+static void user_cb_leave(sp_devalloc_t *d) {
+    atomic_store_explicit(&d->in_user_cb, false, memory_order_release);
+    sp__callback_leave();
+}
+
 /* A MemPool's own allocator is user code: memory it hands out twice (overlapping a segment
  * sympool already has) or at the very top of the address space would corrupt the segment index
  * or make blocks that no free can find. Refused, and given back to it. */
@@ -558,9 +570,9 @@ static sp_status_t check_user_segment(sp_devalloc_t *d, sp_mempool_t *pool, void
                                                         : NULL;
     if (!why)
         return SP_SUCCESS;
-    sp__callback_enter();
+    user_cb_enter(d);
     pool->allocator.free(ptr, size, d->device, stream, pool->allocator.ctx);
-    sp__callback_leave();
+    user_cb_leave(d);
     return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                      "the allocator of pool {%" PRIu64 ",%" PRIu64 "} returned %p for %zu bytes, "
                      "which %s; it was given back",
@@ -576,9 +588,9 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
         return SP_ERR_OUT_OF_MEMORY;
     void *ptr = NULL;
     if (pool->has_allocator) {
-        sp__callback_enter();
+        user_cb_enter(d);
         ptr = pool->allocator.alloc(alloc_size, d->device, stream, pool->allocator.ctx);
-        sp__callback_leave();
+        user_cb_leave(d);
         if (!ptr)
             return SP_ERR_OUT_OF_MEMORY;
         SP_CHECK(check_user_segment(d, pool, ptr, alloc_size, stream));
@@ -590,9 +602,9 @@ sp_status_t sp__alloc_segment(sp_devalloc_t *d, sp_bpool_t *bp, size_t alloc_siz
     sp_status_t s = sp__alloc_install_segment(d, bp, ptr, alloc_size, stream, context, block_p);
     if (s != SP_SUCCESS) {
         if (pool->has_allocator) {
-            sp__callback_enter();
+            user_cb_enter(d);
             pool->allocator.free(ptr, alloc_size, d->device, stream, pool->allocator.ctx);
-            sp__callback_leave();
+            user_cb_leave(d);
         } else
             (void)sp__g.ops->mem_free(d->device, ptr, alloc_size);
     }
@@ -748,9 +760,9 @@ bool sp__alloc_release_segment(sp_devalloc_t *d, sp_segment_t *seg, uint32_t con
         return true;
     }
     detach_segment(d, seg, context);
-    sp__callback_enter();
+    user_cb_enter(d);
     pool->allocator.free(base, size, d->device, stream, pool->allocator.ctx);
-    sp__callback_leave();
+    user_cb_leave(d);
     return true;
 }
 
@@ -1897,7 +1909,7 @@ static sp_status_t free_whole(void *ptr) {
     if (sp__in_callback())
         return sp__callback_refused("sp_free");
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
-        if (sp__fork_cuda_child())
+        if (sp__fork_child_off())
             return sp__fork_error("sp_free");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_free(%p): sympool is not initialized, so this is not its pointer",
@@ -2020,7 +2032,7 @@ SP_EXPORT sp_status_t sp_free(void *ptr) {
  * 5 interleaved runs each, same session). */
 sp_status_t sp__alloc_free_sized(void *ptr, int device, size_t *size_p, int *device_p) {
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
-        if (sp__fork_cuda_child()) /* as free_whole: the pointer is the parent's, and live */
+        if (sp__fork_child_off()) /* as free_whole: the pointer is the parent's, and live */
             return sp__fork_error("sp_torch_free");
         return sp__error(
             SP_ERR_INVALID_USAGE, SP_SUB_POOL,
@@ -2078,7 +2090,7 @@ SP_EXPORT sp_status_t sp_record_stream(void *ptr, sp_stream_t stream) {
     if (ptr == NULL)
         return SP_SUCCESS;
     if (SP_UNLIKELY(!atomic_load_explicit(&sp__ready, memory_order_acquire))) {
-        if (sp__fork_cuda_child()) /* as sp_free: the fork turned sympool off (fork.c) */
+        if (sp__fork_child_off()) /* as sp_free: the fork turned sympool off (fork.c) */
             return sp__fork_error("sp_record_stream");
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "sp_record_stream(%p): not a live sympool block", ptr);

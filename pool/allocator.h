@@ -127,6 +127,12 @@ typedef struct sp_devalloc {
     double fraction;       /* the fraction as set, 1.0 = none; read back exactly (lock) */
     size_t total_reserved; /* bytes of all segments of the device (lock) */
     bool gc_enabled;       /* fraction set and gc threshold > 0 (lock) */
+    /* True while the lock's holder runs a pool's segment allocator (user code, which may wait
+     * for what a forking thread holds, as a Python one waits for the GIL): the fork handler
+     * then leaves the lock to it (sp__lock_unless). Written by the holder only. In the padding
+     * after gc_enabled, as the two below. */
+    atomic_bool in_user_cb;
+    bool fork_left; /* the fork handler left this lock to its holder (sp__g.init_lock) */
     /* Blocks registered in thread caches (thread_cache.h; at most 16384 a thread) (lock). In
      * the padding after gc_enabled: the struct's size is in every &sp__g.devs[i]. */
     uint32_t tc_blocks;

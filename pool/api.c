@@ -147,7 +147,7 @@ static sp_status_t dev_init(sp_devalloc_t *d, int device) {
 
 sp_status_t sp__alloc_init_slow(void) {
     sp__fork_register(); /* before init_lock: see pool/fork.h */
-    if (SP_UNLIKELY(sp__fork_cuda_child()))
+    if (SP_UNLIKELY(sp__fork_child_off()))
         return sp__fork_error("sympool");
     pthread_mutex_lock(&sp__g.init_lock);
     if (atomic_load_explicit(&sp__ready, memory_order_acquire)) {

@@ -22,6 +22,15 @@
  * drops the others' from the pools' use counts (sp__mempool_fork_child), since no exit of those
  * threads will ever end them there.
  *
+ * A thread inside a pool's segment allocator (user code, run under its device's lock) may wait
+ * for something the forking thread holds across fork(): a Python allocator waits for the GIL,
+ * which os.fork() keeps. Waiting for that device's lock hung the parent for good, so prepare
+ * takes the device locks with sp__lock_unless and leaves a lock whose holder is inside such a
+ * callback (sp_devalloc_t.in_user_cb) to it: the parent goes on, and the child, whose device was
+ * caught mid-update, has its allocator turned off as for a cuda parent, with its own reason.
+ * A callback run while its thread holds a lock taken before the device locks (sp_shutdown's
+ * release, under init_lock) still makes prepare wait.
+ *
  * Thread that forks from inside a sympool callback (a frames hook, a pluggable allocator) while
  * it holds a sympool lock would wait on itself in prepare: that is not supported.
  */
@@ -38,16 +47,22 @@
 #include "pool/torch.h"
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_locked_devs;        /* device locks prepare took (init_lock held while set) */
-static atomic_bool g_cuda_child; /* this process is a fork child of a cuda parent */
+static int g_locked_devs;      /* device locks prepare took or left (init_lock held while set) */
+static bool g_left;            /* prepare left a device lock to its holder (init_lock) */
+static atomic_int g_child_off; /* why this fork child's allocator is off: 0 it is not */
+enum { OFF_CUDA = 1, OFF_CALLBACK = 2 };
 
 static void prepare(void) {
     sp__gate_fork_lock(); /* before init_lock, as sp_shutdown takes them */
     pthread_mutex_lock(&sp__g.init_lock);
     /* Under init_lock sp__ready and sp__g.devs cannot change. */
     g_locked_devs = atomic_load_explicit(&sp__ready, memory_order_acquire) ? sp__g.ndev : 0;
-    for (int i = 0; i < g_locked_devs; i++)
-        sp__lock(&sp__g.devs[i].lock);
+    g_left = false;
+    for (int i = 0; i < g_locked_devs; i++) {
+        sp_devalloc_t *d = &sp__g.devs[i];
+        d->fork_left = !sp__lock_unless(&d->lock, &d->in_user_cb);
+        g_left = g_left || d->fork_left;
+    }
     sp__tc_fork_lock();
     sp__device_fork_lock();
     sp__history_fork_lock();
@@ -66,6 +81,8 @@ static void release(bool in_child) {
     sp__device_fork_unlock();
     sp__tc_fork_unlock(in_child);
     for (int i = g_locked_devs - 1; i >= 0; i--) {
+        if (sp__g.devs[i].fork_left)
+            continue; /* its holder's (in the child: held for good, the allocator off) */
         if (in_child)
             sp__lock_fork_child(&sp__g.devs[i].lock);
         sp__unlock(&sp__g.devs[i].lock);
@@ -80,13 +97,13 @@ static void parent(void) {
 
 static void child(void) {
     bool cuda = g_locked_devs > 0 && sp__g.ops != NULL && !sp__g.caps.is_emulated;
-    if (g_locked_devs > 0 && !cuda)
+    if (g_locked_devs > 0 && !cuda && !g_left)
         sp__mempool_fork_child(); /* under the device locks prepare took */
     release(true);
-    if (cuda) {
+    if (cuda || g_left) {
         /* Every entry point now goes to sp__alloc_init_slow (or checks sp__ready) and fails
          * there with the reason; nothing inherited is touched. */
-        atomic_store(&g_cuda_child, true);
+        atomic_store(&g_child_off, cuda ? OFF_CUDA : OFF_CALLBACK);
         atomic_store_explicit(&sp__ready, 0, memory_order_release);
         sp__fast_off_add(SP_FAST_NOT_READY);
     }
@@ -115,11 +132,19 @@ __attribute__((constructor)) static void register_at_load(void) {
     sp__fork_register();
 }
 
-bool sp__fork_cuda_child(void) {
-    return atomic_load_explicit(&g_cuda_child, memory_order_relaxed);
+bool sp__fork_child_off(void) {
+    return atomic_load_explicit(&g_child_off, memory_order_relaxed) != 0;
 }
 
 sp_status_t sp__fork_error(const char *what) {
+    if (atomic_load_explicit(&g_child_off, memory_order_relaxed) == OFF_CALLBACK)
+        return sp__error(SP_ERR_DEVICE, SP_SUB_INIT,
+                         "%s: this process was forked while another thread was inside a pool's "
+                         "segment allocator, which holds its device's allocator mid-update (and "
+                         "may wait for what the forking thread held, as a Python allocator waits "
+                         "for the GIL), so sympool is unusable here (fork while no thread is in "
+                         "a segment allocator, or start the process with spawn/exec)",
+                         what);
     return sp__error(SP_ERR_DEVICE, SP_SUB_INIT,
                      "%s: this process was forked from one whose sympool used CUDA; a CUDA "
                      "context does not survive fork(), so sympool is unusable here (start the "

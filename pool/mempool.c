@@ -201,7 +201,7 @@ sp_status_t sp__mempool_check(const sp_mempool_t *pool, const char *what) {
                     !atomic_load_explicit(&sp__ready, memory_order_acquire))) {
         /* A fork child of a cuda parent has sympool turned off (fork.c): no sp_shutdown
          * released the pool, the fork did; every other call there says so. */
-        if (sp__fork_cuda_child())
+        if (sp__fork_child_off())
             return sp__fork_error(what);
         return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_POOL,
                          "%s: pool handle %p is stale: its pool {%" PRIu64 ",%" PRIu64

@@ -26,6 +26,7 @@
 #include "pool/history.h"
 #include "core/core_emit.h"
 #include "pool/pool.h"
+#include "sympool/experimental.h"
 #include "sympool/history.h"
 #include "sympool/pool.h"
 
@@ -319,6 +320,22 @@ static void emit_settings(sp__emit_t *e) {
         sp__emit_int(e, conf.roundup_divisions[i]);
     }
     sp__emit_dict_end(e);
+    /* (sympool addition) With expandable segments, the rules of ours in force (SYMPOOL_
+     * EXPANDABLE_PAGE, _RECYCLE, ... as NAME=VALUE items): PyTorch's keys cannot say them, and a
+     * replay of the snapshot took PyTorch's rules in their place (sympool's own recordings came
+     * back 10-31% above their peak reserved). */
+    if (conf.expandable_segments) {
+        char rules[1024];
+        size_t used = 0;
+        sp_x_option_info_t info;
+        for (int i = 0; sp_x_option_info(i, &info) && used < sizeof rules; i++)
+            if (strncmp(info.name, "SYMPOOL_EXPANDABLE_", 19) == 0 &&
+                strcmp(info.name, "SYMPOOL_EXPANDABLE_SEGMENTS") != 0)
+                used += (size_t)snprintf(rules + used, sizeof rules - used, "%s%s=%s",
+                                         used ? "," : "", info.name, info.value);
+        if (used < sizeof rules)
+            kv_str(e, "sympool_expandable_rules", rules);
+    }
     sp__emit_dict_end(e);
 }
 

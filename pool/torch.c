@@ -97,7 +97,7 @@ static sp_status_t check_backend(const char *fn) {
     const char *name = sp_backend_name(); /* initializes on first use */
     if (SP_LIKELY(strcmp(name, "cuda") == 0) || atomic_load(&g_allow_host))
         return SP_SUCCESS;
-    if (strcmp(name, "none") == 0 && sp__fork_cuda_child())
+    if (strcmp(name, "none") == 0 && sp__fork_child_off())
         return sp__fork_error(fn); /* the reason itself, not "could not start a backend" */
     if (strcmp(name, "none") == 0)
         return sp__error(SP_ERR_DEVICE, SP_SUB_API,
@@ -196,7 +196,7 @@ SP_EXPORT void *sp_torch_segment_malloc(size_t size, int device, void *stream) {
 SP_EXPORT void sp_torch_segment_free(void *ptr, size_t size, int device, void *stream) {
     if (ptr == NULL)
         return;
-    if (sp__fork_cuda_child()) { /* the segment is the parent's, and live there (fork.c) */
+    if (sp__fork_child_off()) { /* the segment is the parent's, and live there (fork.c) */
         (void)sp__fork_error("sp_torch_segment_free");
         return;
     }

@@ -24,6 +24,8 @@ static void unlock_query(sp_sym_state_t *st) {
 static sp_status_t locate(const void *ptr, const char *fn, bool quiet, sp_status_t not_ours,
                           sp_block_info_t *bi, sp_sym_state_t **st_p, sp_sym_rec_t **rec_p) {
     SP_ARG_CHECK(ptr, SP_SUB_SYM, "%s: ptr is NULL", fn);
+    if (sp__world_forked())
+        return sp__world_fork_error(fn); /* before the registry's and recs_lock */
     if (sp__pool_lookup(ptr, bi) != SP_SUCCESS)
         return quiet ? sp__error_quiet(not_ours, SP_SUB_SYM,
                                        "%s(%p): not inside a live sympool block", fn, ptr)

@@ -150,6 +150,10 @@ sp_status_t sp__sym_acquire(const sp_mempool_t *pool, const char *fn, sp_sym_sta
     /* NULL or garbage: SP_ERR_INVALID_ARGUMENT; a handle from before sp_shutdown:
      * SP_ERR_INVALID_USAGE; neither is read through (pool/handles.c). */
     SP_CHECK(sp__mempool_check(pool, fn));
+    /* A fork child: the pool's lock may be held for good (a call holds it across its rounds),
+     * and its communicators are the parent's. Refused before the registry and the lock. */
+    if (sp__world_forked())
+        return sp__world_fork_error(fn);
     /* Counted while it holds a state pointer not yet checked under the state's lock (a retired
      * state is freed only when no call is: sp__sym_retire). Entered before the generation is
      * read, which is read before the walk: a change during it makes the next call walk. */

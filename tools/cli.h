@@ -155,6 +155,8 @@ typedef struct replay_result {
     uint64_t pytorch_start_reserved; /* PyTorch's reserved before the first event */
     int64_t start_reserved;          /* ours once the starting state is built: the peak's floor */
     size_t empty_caches;             /* the user's empty_cache calls replayed */
+    size_t gc_runs;                  /* runs of segment frees left to the next malloc's garbage
+                                      * collection (TR_F_MAYBE_GC, collects_next) */
     size_t deferred_frees;           /* frees held back for other streams, replayed */
     double ns_per_event;             /* wall time of the event loop / events */
     int devices;                     /* devices replayed */
@@ -179,10 +181,11 @@ bool replay_trace(const tr_trace_t *t, const char *snapshot_out, replay_result_t
  * not what the configuration asked about would hold. Without --conf the replay re-enacts the
  * recorded run and keeps them. Default false. */
 void replay_set_user_conf(bool given);
-/* Expandable segments by PyTorch's rules: SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0
- * (sp_x_option_set), as a recording made with them re-enacts them; false (the last error says
- * why) when the library refuses. */
-bool replay_pytorch_rules(void);
+/* Expandable segments by the recording's rules (sp_x_option_set): sympool's own snapshots
+ * record theirs (tr_settings_t.rules: each set unless the environment sets it); else PyTorch's,
+ * SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0, as a recording made with them re-enacts
+ * them; false (the last error says why) when the library refuses. */
+bool replay_recorded_rules(const tr_trace_t *t);
 /* Without --capacity and SYMPOOL_HOST_CAPACITY, the emulated device holds twice what the recorded
  * run reserved at its peak on its largest device, when that is more than the option's default
  * (80 GiB): an H200's or B200's trace replayed on 80 GiB ran out of memory at once, and its peaks

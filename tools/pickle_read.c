@@ -42,7 +42,9 @@ typedef struct vchunk {
 typedef struct schunk {
     struct schunk *next; /* older chunk */
     size_t used, cap;    /* bytes used / available in data */
-    char data[];         /* string bytes */
+    pk_value_t *owner;   /* item chunks: the container whose array is the whole of data (see
+                          * own_items), else NULL */
+    char data[];         /* string bytes, or item arrays */
 } schunk_t;
 
 struct pk_doc {
@@ -152,7 +154,12 @@ void pk_limits_default(pk_limits_t *lim) {
      * without one, and every MARK is a byte of the document, so its size bounds them (marks
      * are 8 bytes each, 16 with a record hook, grown by doubling). */
     lim->max_depth = SIZE_MAX;
-    lim->max_memo = (size_t)1 << 24;
+    /* The memo's bound is the document's size (at least 2^24, pk_parse_records): every entry a
+     * pickler makes is at least a byte (MEMOIZE), and PyTorch's snapshots memoize a value every
+     * 60-130 bytes, so a fixed 2^24 refused snapshots past about 1.5 GB, which pickle.load reads
+     * and the commands take up to 4 GiB of. A LONG_BINPUT index past it is still refused
+     * instead of allocated for. */
+    lim->max_memo = SIZE_MAX;
     /* No count of values by default: every opcode that makes a value is at least a byte, so a
      * document makes at most as many values as it has bytes, and its size bounds their memory
      * (as it bounds what pickle.load makes of it). A count of our own would refuse, in the
@@ -234,6 +241,7 @@ static char *new_bytes(parser_t *ps, const unsigned char *src, size_t n) {
         c->next = d->strings;
         c->used = 0;
         c->cap = cap;
+        c->owner = NULL;
         d->strings = c;
     }
     char *s = d->strings->data + d->strings->used;
@@ -263,25 +271,87 @@ void pk_free(pk_doc_t *doc) {
 }
 
 /* Item arrays come from an arena too (a malloc and free per container was a fifth of loading
- * a snapshot); a container that grows moves to a larger array and leaves the old one. */
-static pk_value_t **new_items(parser_t *ps, size_t n) {
+ * a snapshot). A container that grows takes more room in place where its array is the last of
+ * the arena's newest chunk and the room is there; else it moves to a larger array and leaves
+ * the old one, except a large array (above ITEMS_OWN bytes), which has a chunk of its own that
+ * realloc grows: a trace's list of entries grew by doubling in the arena and left its old
+ * arrays there (nhf: 248 KB for 8,948 entries' 72 KB), which the analysis could not reuse. */
+#define ITEMS_OWN (STR_CHUNK / 4)
+
+/* A chunk of its own for seq's array of `bytes` (> ITEMS_OWN), kept second in the list so that
+ * the newest chunk's free room stays in use for the small arrays. */
+static pk_value_t **own_items(parser_t *ps, pk_value_t *seq, size_t bytes) {
     pk_doc_t *d = ps->doc;
-    size_t bytes = n * sizeof(pk_value_t *);
-    if (d->items == NULL || d->items->cap - d->items->used < bytes) {
-        size_t cap = bytes > STR_CHUNK ? bytes : STR_CHUNK;
-        schunk_t *c = malloc(sizeof(*c) + cap);
-        if (c == NULL) {
-            fail(ps, "out of memory");
-            return NULL;
-        }
-        c->next = d->items;
-        c->used = 0;
-        c->cap = cap;
-        d->items = c;
+    schunk_t *c = malloc(sizeof(*c) + bytes);
+    if (c == NULL) {
+        fail(ps, "out of memory");
+        return NULL;
     }
-    pk_value_t **it = (pk_value_t **)(void *)(d->items->data + d->items->used);
-    d->items->used += bytes;
+    c->used = c->cap = bytes;
+    c->owner = seq;
+    schunk_t **at = d->items != NULL ? &d->items->next : &d->items;
+    c->next = *at;
+    *at = c;
+    return (pk_value_t **)(void *)c->data;
+}
+
+/* new_items' room that the newest chunk lacks: a new newest chunk. */
+static __attribute__((noinline)) pk_value_t **new_items_chunk(parser_t *ps, size_t bytes) {
+    pk_doc_t *d = ps->doc;
+    schunk_t *c = malloc(sizeof(*c) + STR_CHUNK);
+    if (c == NULL) {
+        fail(ps, "out of memory");
+        return NULL;
+    }
+    c->next = d->items;
+    c->used = bytes;
+    c->cap = STR_CHUNK;
+    c->owner = NULL;
+    d->items = c;
+    return (pk_value_t **)(void *)c->data;
+}
+
+/* An item array of n (at most ITEMS_OWN bytes) from the newest chunk. */
+static inline __attribute__((always_inline)) pk_value_t **new_items(parser_t *ps, size_t n) {
+    schunk_t *h = ps->doc->items;
+    size_t bytes = n * sizeof(pk_value_t *);
+    if (__builtin_expect(h == NULL || h->cap - h->used < bytes, 0))
+        return new_items_chunk(ps, bytes);
+    pk_value_t **it = (pk_value_t **)(void *)(h->data + h->used);
+    h->used += bytes;
     return it;
+}
+
+/* Where seq's array has a chunk of its own among the two newest (own_items puts the newest
+ * such chunk second, and the head is one when it was the first chunk): the link to it, NULL
+ * when it has none there. */
+static schunk_t **own_link(pk_doc_t *d, const pk_value_t *seq) {
+    schunk_t **at = &d->items;
+    for (int k = 0; k < 2 && *at != NULL; k++, at = &(*at)->next)
+        if ((*at)->owner == seq && (char *)seq->u.seq.items == (*at)->data)
+            return at;
+    return NULL;
+}
+
+/* Once the document is read: each array with a chunk of its own cut to its items, and the rest
+ * given back to the heap (the analysis takes it): what the last doubling left unused (nhf's
+ * entries: 56 KB of 128). Shrinking leaves the array in place in glibc; elsewhere it may move. */
+static void trim_own_items(pk_doc_t *d) {
+    for (schunk_t **at = &d->items; *at != NULL; at = &(*at)->next) {
+        schunk_t *c = *at;
+        pk_value_t *seq = c->owner;
+        if (seq == NULL || (char *)seq->u.seq.items != c->data ||
+            c->cap - seq->u.seq.n * sizeof(pk_value_t *) < 4096)
+            continue;
+        size_t bytes = seq->u.seq.n * sizeof(pk_value_t *);
+        schunk_t *nc = realloc(c, sizeof(*c) + bytes);
+        if (nc == NULL)
+            continue;
+        nc->used = nc->cap = bytes;
+        *at = nc;
+        seq->u.seq.items = (pk_value_t **)(void *)nc->data;
+        seq->u.seq.cap = seq->u.seq.n;
+    }
 }
 
 /* Room for `more` items in seq. */
@@ -291,7 +361,27 @@ static bool seq_reserve(parser_t *ps, pk_value_t *seq, size_t more) {
     size_t cap = seq->u.seq.cap * 2;
     if (cap < seq->u.seq.n + more)
         cap = seq->u.seq.n + more;
-    pk_value_t **ni = new_items(ps, cap);
+    pk_doc_t *d = ps->doc;
+    size_t bytes = cap * sizeof(pk_value_t *), had = seq->u.seq.cap * sizeof(pk_value_t *);
+    schunk_t *h = d->items;
+    if (had > 0 && h != NULL && (char *)seq->u.seq.items + had == h->data + h->used &&
+        h->cap != h->used && bytes - had <= h->cap - h->used) {
+        h->used += bytes - had; /* the newest array of the small ones' chunk: grown in place */
+        seq->u.seq.cap = cap;
+        return true;
+    }
+    schunk_t **own = had > ITEMS_OWN ? own_link(d, seq) : NULL;
+    if (own != NULL) {
+        schunk_t *c = realloc(*own, sizeof(**own) + bytes);
+        if (c == NULL)
+            return fail(ps, "out of memory");
+        c->used = c->cap = bytes;
+        *own = c;
+        seq->u.seq.items = (pk_value_t **)(void *)c->data;
+        seq->u.seq.cap = cap;
+        return true;
+    }
+    pk_value_t **ni = bytes > ITEMS_OWN ? own_items(ps, seq, bytes) : new_items(ps, cap);
     if (ni == NULL)
         return false;
     if (seq->u.seq.n > 0)
@@ -2759,6 +2849,9 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         ps.lim = *lim;
     else
         pk_limits_default(&ps.lim);
+    size_t memo_by_len = ps.len > ((size_t)1 << 24) ? ps.len : (size_t)1 << 24;
+    if (ps.lim.max_memo > memo_by_len)
+        ps.lim.max_memo = memo_by_len;
     if (ps.lim.max_depth == 0)
         ps.lim.max_depth = 1;
     ps.doc = calloc(1, sizeof(*ps.doc));
@@ -2799,6 +2892,7 @@ bool pk_parse_records(const void *buf, size_t len, const pk_limits_t *lim, const
         pk_free(ps.doc);
         return false;
     }
+    trim_own_items(ps.doc);
     *doc_p = ps.doc;
     return true;
 }

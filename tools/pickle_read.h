@@ -81,7 +81,8 @@ struct pk_value {
 
 typedef struct pk_limits {
     size_t max_depth;  /* open MARKs at once (default: no limit, as pickle.load has none) */
-    size_t max_memo;   /* memo entries (default 1 << 24) */
+    size_t max_memo;   /* memo entries (at most the document's bytes or 2^24, whichever is
+                        * more; default: that bound alone) */
     size_t max_values; /* values created (default: no limit; see pk_limits_default) */
     size_t max_str;    /* bytes of one string (default 1 << 28) */
 } pk_limits_t;

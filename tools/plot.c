@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "sympool/experimental.h" /* sp_x_size_format, sp_x_file_write_atomic */
 #include "tools/cli.h"
@@ -207,12 +208,17 @@ typedef struct series {
 } series_t;
 
 /* Where event i lies on the x axis, 0..1. With times, all series share one time scale (gspan,
- * microseconds) from their own first event; without, each spans the axis by event index. */
+ * microseconds) from their own first event; without, each spans the axis by event index. A
+ * time out of order (before the first event's, after the last's: use_time compares only those
+ * two) lies at the axis' end nearest to it: it was drawn off the chart, and its column, a
+ * double past INT_MAX converted to int, was undefined behaviour. */
 static double xfrac(const series_t *s, size_t i, double gspan, bool time_axis) {
     if (s->d->nev == 0)
         return 0;
-    if (time_axis)
-        return gspan > 0 ? (double)(tr_time_us(s->d, i) - tr_time_us(s->d, 0)) / gspan : 0;
+    if (time_axis) {
+        double x = gspan > 0 ? (double)(tr_time_us(s->d, i) - tr_time_us(s->d, 0)) / gspan : 0;
+        return x < 0 ? 0 : x > 1 ? 1 : x;
+    }
     return s->d->nev > 1 ? (double)i / (double)(s->d->nev - 1) : 0;
 }
 
@@ -746,6 +752,29 @@ static int render_multi(FILE *f, series_t *s, size_t n, size_t hi, size_t lo, bo
 
 #define MAX_SNAPSHOTS 1024
 
+/* Whether inputs in[0..n) name one pipe, FIFO or other stream twice ("- -", "- /dev/stdin", a
+ * FIFO given twice): else false after saying which. Such a stream is read once: the second
+ * read of a pipe found it empty ("pickle: empty input"), and the second open of a FIFO whose
+ * writer had finished waited for another writer forever. stat opens nothing, so a FIFO is not
+ * waited on here. */
+static bool streams_once(char *const *in, size_t n) {
+    for (size_t i = 1; i < n; i++) {
+        struct stat a, b;
+        if (stat(in[i], &a) != 0 || S_ISREG(a.st_mode) || S_ISDIR(a.st_mode))
+            continue;
+        for (size_t k = 0; k < i; k++)
+            if (stat(in[k], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                fprintf(stderr,
+                        "sympool plot: %s (snapshot %zu) and %s (snapshot %zu) are one %s, which "
+                        "is read once: give it once\n",
+                        in[k], k + 1, in[i], i + 1,
+                        S_ISFIFO(a.st_mode) ? "pipe or FIFO" : "stream");
+                return false;
+            }
+    }
+    return true;
+}
+
 static int usage(FILE *out, int rc) {
     fprintf(
         out,
@@ -829,6 +858,8 @@ int sp_cli_plot(int argc, char **argv) {
         fprintf(stderr, "sympool plot: at most %d snapshots\n", MAX_SNAPSHOTS);
         return 2;
     }
+    if (!streams_once(argv + optind, nin))
+        return 2;
     series_t *s = calloc(nin, sizeof(*s));
     if (s == NULL) {
         fprintf(stderr, "sympool plot: out of memory\n");

@@ -52,7 +52,8 @@ typedef enum { OP_ALLOC, OP_FREE, OP_FREE_COMPLETED, OP_EMPTY_CACHE } op_kind_t;
 #define OPF_META 0x80u
 /* op_t.flags: the recorded run made a segment for this alloc (dev_state_t.place says where). */
 #define OPF_SEG 0x40u
-_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION) &
+_Static_assert(((TR_F_DEFERRED | TR_F_EMPTY_CACHE | TR_F_POOL_ID | TR_F_COMPLETION |
+                 TR_F_MAYBE_GC) &
                 (OPF_META | OPF_SEG)) == 0,
                "op flags overlap the trace's");
 typedef struct op {
@@ -433,12 +434,37 @@ static bool do_free_completed(dev_state_t *ds, uint64_t addr, char *err, size_t 
     return true;
 }
 
+/* Whether the next malloc on dev that allocates a segment collects garbage first: a threshold
+ * in force under a fraction below 1, and reserved memory past threshold x the fraction's bytes
+ * (sp__alloc_gc's test, PyTorch's garbage_collect_cached_blocks'). A run of segment frees the
+ * trace may show either way (TR_F_MAYBE_GC) was that collection only then: a malloc under the
+ * threshold collects nothing, so the run was the user's empty_cache before it (the recorded
+ * run's own snapshots, 3% of their peaks off when such a run was left to a collection that
+ * never came). */
+static int64_t stat_of(int dev, const char *key);
+static bool collects_next(int dev) {
+    sp_x_option_info_t info;
+    double f = 1.0;
+    size_t free_b = 0, total = 0;
+    if (!cli_option("SYMPOOL_GC_THRESHOLD", &info) || !(info.value_double > 0) ||
+        sp_get_memory_fraction(dev, &f) != SP_SUCCESS || !(f < 1.0) ||
+        sp_get_memory_info(dev, &free_b, &total) != SP_SUCCESS)
+        return false;
+    size_t allowed = (size_t)(f * (double)total);
+    size_t thresh = (size_t)(info.value_double * (double)allowed);
+    return (uint64_t)stat_of(dev, "reserved_bytes.all.current") > thresh;
+}
+
 /* The user's empty_cache on this device, and the private pools whose segments it freed
  * (PyTorch frees a pool's cache there only once the pool is no longer used). A run that frees
  * only private pools' segments is a pool's own release (its MemPool going away): the default
  * pool's cache stays, as the trace shows it did. */
 static bool do_empty_cache(dev_state_t *ds, int dev, const tr_event_t *e, const tr_event_t *end,
                            replay_result_t *r, char *err, size_t errlen) {
+    if ((e->flags & TR_F_MAYBE_GC) && collects_next(dev)) {
+        r->gc_runs++;
+        return true; /* the malloc after it releases them, as the recorded one did */
+    }
     r->empty_caches++;
     bool pools_only = true;
     const tr_event_t *run_end = e;
@@ -1078,7 +1104,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
         } else if (e->action == TR_FREE_COMPLETED) {
             ncompleted++;
         } else if (e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) {
-            nother += (e->flags & TR_F_EMPTY_CACHE) != 0;
+            nother += (e->flags & (TR_F_EMPTY_CACHE | TR_F_MAYBE_GC)) != 0;
         }
     }
     size_t n = ds->blocks.n + nalloc, nmost = nalloc + nother + (deferred ? ncompleted : 0);
@@ -1150,7 +1176,7 @@ static bool plan_slots(dev_state_t *ds, const tr_device_t *td) {
         } else if (e->action == TR_FREE_COMPLETED && deferred) {
             o.kind = OP_FREE_COMPLETED;
         } else if ((e->action == TR_SEGMENT_FREE || e->action == TR_SEGMENT_UNMAP) &&
-                   (e->flags & TR_F_EMPTY_CACHE)) {
+                   (e->flags & (TR_F_EMPTY_CACHE | TR_F_MAYBE_GC))) {
             o.kind = OP_EMPTY_CACHE;
         } else if (e->action == TR_SEGMENT_ALLOC) {
             /* Recorded before the alloc it served: that alloc is the next op. */
@@ -1265,6 +1291,8 @@ static bool stamp_around(int d, const tr_device_t *td, const op_t *o, size_t *cu
     size_t i = o->ev, j = *cursor;
     if (o->kind == OP_FREE_COMPLETED)
         return true; /* no entry of ours: an immediate one was the free's, a deferred one waits */
+    if (o->kind == OP_EMPTY_CACHE && (o->flags & TR_F_MAYBE_GC) && collects_next(d))
+        return true; /* a collection: its segment frees are the malloc's after it */
     sp_status_t st = sp_x_history_stamp_next(-1, -1); /* what the op before did not take */
     /* A free makes no completion but its own: one recorded before it (of a request the ring cut
      * off, or a deferred one no malloc saw done) is not its. */
@@ -1668,6 +1696,30 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 " the replay hit %zu OOM%s at the emulated device's capacity, where the recorded "
                 "run hit %zu (the requests it refused are not in its peaks);",
                 r->ooms, r->ooms == 1 ? "" : "s", r->recorded_ooms);
+    size_t miss_allocs = 0, miss_segs = 0;
+    uint64_t miss_alloc_bytes = 0, miss_seg_bytes = 0;
+    for (int d = 0; d < t->ndev; d++) {
+        miss_allocs += t->dev[d].missing_allocs;
+        miss_alloc_bytes += t->dev[d].missing_alloc_bytes;
+        miss_segs += t->dev[d].missing_seg_allocs;
+        miss_seg_bytes += t->dev[d].missing_seg_bytes;
+    }
+    /* Before the reasons they explain (a starting state the trace does not imply, requests past
+     * the recorded reserved bytes): what a recording with skip_actions left out. */
+    if (miss_segs > 0)
+        add_why(buf, cap, &n,
+                " %zu segment_free%s (%.3f GiB) of segments freed already, with no "
+                "segment_alloc since: segment_alloc entries are missing (recorded with "
+                "skip_actions=['segment_alloc']?), and PyTorch's reserved bytes walked back from "
+                "the end (its peak as given) count each such segment once more;",
+                miss_segs, miss_segs == 1 ? "" : "s", gib((double)miss_seg_bytes));
+    if (miss_allocs > 0)
+        add_why(buf, cap, &n,
+                " %zu free%s (%.3f GiB) of blocks no alloc entry made cannot have been live "
+                "before the first entry (freed already, or in a segment the trace made before): "
+                "alloc entries are missing (recorded with skip_actions=['alloc']?), and the "
+                "replay reads them as blocks live before it or as frees of nothing;",
+                miss_allocs, miss_allocs == 1 ? "" : "s", gib((double)miss_alloc_bytes));
     if (r->start_requested)
         add_why(buf, cap, &n, " the starting state was requested, not rebuilt (above);");
     else if (r->pytorch_start_reserved != r->start_bytes)
@@ -1677,6 +1729,20 @@ static bool differs_because(const tr_trace_t *t, const replay_result_t *r, const
                 gib((double)r->start_bytes), gib((double)r->pytorch_start_reserved));
     if (t->settings.dropped[0] || t->settings.fraction > 0)
         add_why(buf, cap, &n, " settings that do not replay exactly (above);");
+    /* Where the trace cannot tell them apart, and what the replay chose (docs/API.md). */
+    if (r->gc_runs > 0)
+        add_why(buf, cap, &n,
+                " %zu run%s of segment frees right before a malloc %s read as that malloc's "
+                "garbage collection (reserved was past the threshold there): the user's "
+                "empty_cache right before it looks the same in the trace, and releases every free "
+                "segment where the collection releases the oldest;",
+                r->gc_runs, r->gc_runs == 1 ? "" : "s", r->gc_runs == 1 ? "was" : "were");
+    if (t->settings.expandable && t->settings.rules[0] && !r->start_requested)
+        add_why(buf, cap, &n,
+                " sympool's own rules for expandable segments, re-enacted from the snapshot: "
+                "unmaps right before a growth that no held free outlasts may be "
+                "SYMPOOL_EXPANDABLE_RECYCLE's, and were replayed as the user's empty_cache, which "
+                "unmaps every free page (docs/API.md);");
     uint64_t unrecorded = 0;
     for (int d = 0; d < t->ndev; d++)
         unrecorded += t->dev[d].unrecorded_free;
@@ -1837,12 +1903,18 @@ static void env_items(const char *after, char *out, size_t cap) {
     }
 }
 
+static bool reenacts_pytorch_rules(const tr_trace_t *t, const char *user_conf, const char *conf);
 static void print_text(const char *trace, const tr_trace_t *t, const replay_result_t *r,
                        const char *user_conf, const char *conf, const char *env_var) {
     printf("replay of %s on %s (%d device%s)\n", trace, sp_backend_name(), r->devices,
            r->devices == 1 ? "" : "s");
     if (user_conf != NULL)
         printf("  settings             --conf '%s'\n", user_conf);
+    else if (t->settings.recorded && t->settings.expandable && t->settings.rules[0] &&
+             reenacts_pytorch_rules(t, NULL, ""))
+        printf("  settings             the snapshot's: '%s', by the recorded run's rules of "
+               "sympool (%s)\n",
+               conf && *conf ? conf : "defaults", t->settings.rules);
     else if (t->settings.recorded && t->settings.expandable && !expandable_rules_ours())
         printf("  settings             the snapshot's: '%s', by PyTorch's rules "
                "(SYMPOOL_EXPANDABLE_PAGE, _RECYCLE and _BORROW at 0)\n",
@@ -2093,10 +2165,56 @@ bool replay_fit_capacity(const tr_trace_t *t) {
     return sp_x_option_set("SYMPOOL_HOST_CAPACITY", v) == SP_SUCCESS;
 }
 
-bool replay_pytorch_rules(void) {
-    for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
-        if (sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS)
+/* The rules of a recording with expandable segments, each as fn takes it (name, value): a
+ * sympool snapshot's own (tr_settings_t.rules; those the environment sets stay its), else
+ * PyTorch's (ours at 0). */
+static bool each_recorded_rule(const tr_trace_t *t, bool (*fn)(const char *, const char *, void *),
+                               void *arg) {
+    if (t->settings.rules[0] == '\0') {
+        for (size_t k = 0; k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
+            if (!fn(g_our_rules[k], "0", arg))
+                return false;
+        return true;
+    }
+    for (const char *p = t->settings.rules; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256];
+        const char *eq = memchr(p, '=', n);
+        if (n >= sizeof item || eq == NULL)
+            return false; /* never: read_rules checked every item */
+        memcpy(item, p, n);
+        item[n] = '\0';
+        item[eq - p] = '\0';
+        if (getenv(item) == NULL && !fn(item, item + (eq - p) + 1, arg))
             return false;
+        p += n + (end ? 1 : 0);
+    }
+    return true;
+}
+
+static bool set_rule(const char *name, const char *value, void *arg) {
+    (void)arg;
+    return sp_x_option_set(name, value) == SP_SUCCESS;
+}
+
+bool replay_recorded_rules(const tr_trace_t *t) {
+    return each_recorded_rule(t, set_rule, NULL);
+}
+
+/* set_rule for a configuration of --compare: remembered, to be put back before the next. */
+typedef struct rule_err {
+    char *err;     /* the configuration's error text */
+    size_t errlen; /* its room */
+} rule_err_t;
+static bool set_rule_item(const char *name, const char *value, void *arg) {
+    rule_err_t *e = arg;
+    if (!item_remember(name, e->err, e->errlen))
+        return false;
+    if (sp_x_option_set(name, value) != SP_SUCCESS) {
+        snprintf(e->err, e->errlen, "%s", sp_last_error());
+        return false;
+    }
     return true;
 }
 
@@ -2106,18 +2224,18 @@ bool replay_pytorch_rules(void) {
  * SYMPOOL_NAME=VALUE items set that option of ours. Every option starts from the environment
  * again, so one configuration never leaks into the next. The SYMPOOL_ALLOC_CONF it set goes to
  * alloc (len bytes), the recorded max_split_size it set to the byte to *split_p (0: none). */
-static bool apply_conf(const char *trace, const char *base, const tr_settings_t *recorded,
-                       const char *conf, const char *capacity, bool pytorch_rules, char *alloc,
-                       size_t len, uint64_t *split_p, char *err, size_t errlen) {
+static bool apply_conf(const char *trace, const char *base, const tr_trace_t *t,
+                       const tr_settings_t *recorded, const char *conf, const char *capacity,
+                       bool recorded_rules, char *alloc, size_t len, uint64_t *split_p, char *err,
+                       size_t errlen) {
     *split_p = 0;
     items_put_back(); /* what the previous configuration's items set */
-    for (size_t k = 0; pytorch_rules && k < sizeof(g_our_rules) / sizeof(g_our_rules[0]); k++)
-        if (!item_remember(g_our_rules[k], err, errlen) ||
-            sp_x_option_set(g_our_rules[k], "0") != SP_SUCCESS) {
-            if (!err[0])
-                snprintf(err, errlen, "%s", sp_last_error());
-            return false;
-        }
+    rule_err_t rule_err = {err, errlen};
+    if (recorded_rules && !each_recorded_rule(t, set_rule_item, &rule_err)) {
+        if (!err[0])
+            snprintf(err, errlen, "%s", sp_last_error());
+        return false;
+    }
     size_t used = (size_t)snprintf(alloc, len, "%s", base);
     if (used >= len) {
         snprintf(err, errlen, "configuration too long: '%.64s...'", base);
@@ -2296,6 +2414,40 @@ static void print_compare_split(const tr_trace_t *t, const char *const *confs, c
     printf("\n");
 }
 
+/* Whether the recorded bytes replay_once adds up over t's devices stay within 64 bits: else
+ * false with what in err. Each device's are below 4 EiB (the loader's bound, tools/trace.c),
+ * which keeps its own sums exact, but 64 devices hold up to 256 EiB: five devices of 3.5 EiB
+ * reported PyTorch's peak reserved as 1.5 EiB (35 x 2^59 wrapped at 2^64). */
+static bool device_sums_fit(const tr_trace_t *t, char *err, size_t errlen) {
+    enum { N = 7 };
+    static const char *const names[N] = {"peak reserved",
+                                         "reserved at the end",
+                                         "reserved at the start",
+                                         "peak requested",
+                                         "allocated at the end",
+                                         "start segments",
+                                         "live blocks before the trace"};
+    uint64_t sum[N] = {0};
+    for (int d = 0; d < t->ndev; d++) {
+        const tr_device_t *td = &t->dev[d];
+        /* loose_bytes, the live blocks outside the start segments, are a part of seeded_bytes. */
+        const uint64_t v[N] = {td->peak_reserved,  td->final_reserved,  td->start_reserved,
+                               td->peak_requested, td->final_allocated, td->start_bytes,
+                               td->seeded_bytes};
+        for (int k = 0; k < N; k++) {
+            if (sum[k] + v[k] < sum[k]) {
+                snprintf(err, errlen,
+                         "the recorded %s of devices 0 to %d together reach 16 EiB, past what "
+                         "the replay's sums over devices hold (each device's is below 4 EiB)",
+                         names[k], d);
+                return false;
+            }
+            sum[k] += v[k];
+        }
+    }
+    return true;
+}
+
 /* `replay TRACE --compare CONF...`: every configuration on a fresh allocator, one table (or one
  * JSON object per configuration), and with --capacity the answer: does the job fit, and with
  * which configuration. */
@@ -2304,10 +2456,12 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
                           int repeat) {
     /* Every configuration starts from what the recorded run used (or --conf). */
     const char *base = user_conf ? user_conf : t->settings.recorded ? t->settings.conf : "";
-    const char *empty = !base[0]                              ? "(defaults)"
-                        : user_conf                           ? "(--conf)"
-                        : reenacts_pytorch_rules(t, NULL, "") ? "(recorded, PyTorch's rules)"
-                                                              : "(recorded)";
+    const char *empty =
+        !base[0]    ? "(defaults)"
+        : user_conf ? "(--conf)"
+        : reenacts_pytorch_rules(t, NULL, "")
+            ? (t->settings.rules[0] ? "(recorded, its rules)" : "(recorded, PyTorch's rules)")
+            : "(recorded)";
     replay_result_t *rs = calloc((size_t)n, sizeof(*rs));
     char(*eff)[1024] = calloc((size_t)n, sizeof(*eff));  /* each one's SYMPOOL_ALLOC_CONF */
     char(*envs)[512] = calloc((size_t)n, sizeof(*envs)); /* the environment's items it ran with */
@@ -2326,7 +2480,7 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
      * anything runs, not after the ones before it have replayed. */
     quiet_options_begin();
     for (int i = 0; i < n && rc == 0; i++) {
-        if (!apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
+        if (!apply_conf(trace, base, t, user_conf ? NULL : &t->settings, confs[i], capacity,
                         reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i], sizeof(eff[i]),
                         &split[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
@@ -2346,8 +2500,8 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
     for (int i = 0; i < n && rc == 0; i++) {
         err[0] = '\0';
         bool applied = sp_shutdown() == SP_SUCCESS &&
-                       apply_conf(trace, base, user_conf ? NULL : &t->settings, confs[i], capacity,
-                                  reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
+                       apply_conf(trace, base, t, user_conf ? NULL : &t->settings, confs[i],
+                                  capacity, reenacts_pytorch_rules(t, user_conf, confs[i]), eff[i],
                                   sizeof(eff[i]), &split[i], err, sizeof(err));
         /* A configuration's SYMPOOL_DEBUG_FILE item is where its lines go, as the library's. */
         if (applied)
@@ -2359,10 +2513,13 @@ static int replay_compare(const char *trace, const tr_trace_t *t, const char *us
         replay_set_user_conf(user_conf != NULL || confs[i][0] != '\0');
         if (applied)
             env_items(eff[i], envs[i], sizeof envs[i]);
+        /* Every configuration was accepted above: one that fails now failed to run (a
+         * reservation the address space cannot hold, sympool's own error), exit 1 as with
+         * --conf, not 2, which says the command line was refused before anything ran. */
         if (!applied ||
             !replay_median(t, NULL, repeat, eff[i], capacity, &rs[i], err, sizeof(err))) {
             fprintf(stderr, "sympool replay: configuration '%s': %s\n", confs[i], err);
-            rc = confs[i][0] ? 2 : 1;
+            rc = 1;
         }
     }
     sp_x_log_set_fn(NULL, NULL);
@@ -2632,6 +2789,11 @@ int sp_cli_replay(int argc, char **argv) {
         tr_free(&t);
         return 1;
     }
+    if (!device_sums_fit(&t, err, sizeof err)) {
+        fprintf(stderr, "sympool replay: %s: %s\n", a.trace, err);
+        tr_free(&t);
+        return 1;
+    }
     /* --conf, --compare and the snapshot's settings set SYMPOOL_ALLOC_CONF (below): the
      * environment's is then unused, and goes before the option table is read. */
     if (a.conf != NULL || a.ncompare > 0 || t.settings.recorded)
@@ -2687,7 +2849,7 @@ int sp_cli_replay(int argc, char **argv) {
     }
     /* A recording made with expandable segments re-enacted by PyTorch's rules (--conf asks what
      * sympool would do, and keeps ours). */
-    if (reenacts_pytorch_rules(&t, a.conf, "") && !replay_pytorch_rules()) {
+    if (reenacts_pytorch_rules(&t, a.conf, "") && !replay_recorded_rules(&t)) {
         fprintf(stderr, "sympool replay: %s\n", sp_last_error());
         tr_free(&t);
         return 1;

@@ -288,7 +288,7 @@ static bool replay_peaks(const tr_trace_t *t, int64_t (*peak)[3]) {
     /* A recording made with expandable segments was made under PyTorch's rules (replay re-enacts
      * it so too): with ours (pages of 2 MiB, recycling, borrowing) small requests went to the
      * large pool's segment, and the pools' peaks were not the recorded run's. */
-    if (t->settings.recorded && t->settings.expandable && !replay_pytorch_rules())
+    if (t->settings.recorded && t->settings.expandable && !replay_recorded_rules(t))
         return false;
     sp_x_log_set_fn(quiet, NULL);
     replay_result_t r;

@@ -754,6 +754,20 @@ static void *chunk_push(rec_chunks_t *c, size_t elem) {
     return chunk_at(c, c->n - 1, elem);
 }
 
+/* Once nothing more is pushed: the newest chunk cut to the elements it holds, the rest given
+ * back to the heap before the analysis allocates (nhf's 4,158 blocks left 128 KB of a 4,096-block
+ * chunk unused through the analysis). chunk_push must not be called on c after this. */
+static void chunks_trim(rec_chunks_t *c, size_t elem) {
+    if (c->n == 0)
+        return;
+    size_t k = c->n - 1 + REC_BASE;
+    int top = 63 - __builtin_clzll((unsigned long long)k);
+    size_t used = k - ((size_t)1 << top) + 1; /* elements of the newest chunk in use */
+    void *ch = realloc(c->chunk[top - REC_BASE_LOG], used * elem);
+    if (ch != NULL)
+        c->chunk[top - REC_BASE_LOG] = ch;
+}
+
 static void chunks_free(rec_chunks_t *c) {
     for (size_t j = 0; j < REC_CHUNKS; j++)
         free(c->chunk[j]);
@@ -1643,24 +1657,143 @@ const tr_sfree_t *tr_sfree_at(const tr_device_t *d, uint64_t addr) {
 }
 
 /* Whether the segment frees ev[i..j) can be releases inside the malloc whose segment allocation
- * ev[j] is (the run is then no empty_cache). Garbage collection frees whole segments of the large
- * pool (more than 2 MiB: a small-pool segment is 2 MiB, a large one 20 MiB or at least 10 MiB);
- * release_available_cached_blocks, after a failed cudaMalloc, frees on the request's stream one
- * segment, or else segments of at least max_split_size and under the request, largest first;
- * neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
+ * ev[j] is (the run is then no empty_cache). release_available_cached_blocks, after a failed
+ * cudaMalloc, frees on the request's stream one segment, or else segments of at least
+ * max_split_size and under the request, largest first (RIM_SPLIT). Garbage collection frees
+ * whole segments of the default pool's large pool (more than 2 MiB: a small-pool segment is 2
+ * MiB, a large one 20 MiB or at least 10 MiB), and only under a memory fraction (PyTorch's
+ * garbage_collect_cached_blocks runs only when set_fraction; sympool's too): a threshold
+ * recorded without a fraction collected nothing, and a run read as its collection was not
+ * replayed at all (RIM_GC: whether it was one is told at replay, where the threshold's bytes are
+ * known). Neither frees an expandable segment's pages (CUDACachingAllocator.cpp,
  * garbage_collect_cached_blocks, release_available_cached_blocks). The user's empty_cache frees
- * every free segment, and the next malloc often allocates one. */
-static bool released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i, size_t j) {
-    bool gc = set->gc, split = set->mss != 0;
+ * every free segment, and the next malloc often allocates one (RIM_NO). */
+typedef enum { RIM_NO, RIM_SPLIT, RIM_GC } rim_t;
+
+/* Whether ev[i..j) are segment_unmaps of the default pool only (recycle unmaps no other's). */
+static bool default_unmaps_only(const tr_event_t *ev, size_t i, size_t j) {
+    for (size_t k = i; k < j; k++)
+        if (ev[k].action != TR_SEGMENT_UNMAP || ev[k].pool != 0)
+            return false;
+    return true;
+}
+
+/* Whether the recording's own rules (sympool's snapshots) had SYMPOOL_EXPANDABLE_RECYCLE on:
+ * then a malloc that grows an expandable segment of the default pool first unmaps free pages
+ * of its expandable segments (pool/expandable.c, recycle), segment_unmaps right before its
+ * segment_map that no empty_cache made. */
+static bool rules_recycle(const tr_settings_t *set) {
+    const char *p = strstr(set->rules, "SYMPOOL_EXPANDABLE_RECYCLE=");
+    if (!set->expandable || p == NULL)
+        return false;
+    p += strlen("SYMPOOL_EXPANDABLE_RECYCLE=");
+    size_t n = strcspn(p, ",");
+    return !((n == 3 && strncmp(p, "off", 3) == 0) || (n == 1 && *p == '0') ||
+             (n == 5 && strncasecmp(p, "false", 5) == 0) || (n == 2 && strncmp(p, "no", 2) == 0));
+}
+static rim_t released_in_malloc(const tr_settings_t *set, const tr_event_t *ev, size_t i,
+                                size_t j) {
+    bool gc = set->gc && set->fraction > 0 && set->fraction < 1, split = set->mss != 0;
     for (size_t k = i; k < j && (gc || split); k++) {
         const tr_event_t *f = &ev[k];
         if (f->action != TR_SEGMENT_FREE)
-            return false;
-        gc = gc && f->size > ((uint64_t)2 << 20);
+            return RIM_NO;
+        gc = gc && f->size > ((uint64_t)2 << 20) && f->pool == 0;
         split = split && f->size >= set->mss && f->stream == ev[j].stream &&
                 (j - i == 1 || (f->size < ev[j].size && (k == i || f->size <= ev[k - 1].size)));
     }
-    return gc || split;
+    return split ? RIM_SPLIT : gc ? RIM_GC : RIM_NO;
+}
+
+/* The alloc and segment_alloc entries a recording left out (skip_actions=["alloc"] or
+ * ["segment_alloc"]), where the trace shows them missing (tr_device_t.missing_*): a block freed
+ * again with no alloc since its last free, or freed first while it lies in a segment a
+ * segment_alloc of the trace made (it cannot have been live before the first entry); a fixed
+ * segment freed again with no segment_alloc since its last segment_free. Both were read as
+ * blocks and segments live before the first entry, and a replay said only "an inconsistent
+ * trace". An expandable segment's map and unmap entries need not name the same addresses: not
+ * counted. false on OOM. */
+typedef struct seg_span {
+    uint64_t addr, end; /* a segment the trace made, live: [addr, end) */
+} seg_span_t;
+
+static size_t span_at(const seg_span_t *s, size_t n, uint64_t addr) {
+    size_t a = 0, b = n; /* the first span whose end is past addr */
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (s[m].end <= addr)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+static bool count_missing(tr_device_t *d) {
+    enum { LIVE = 1, REQUESTED, FREED };
+    tr_map_t blocks = {0}, segs = {0}; /* address -> LIVE, REQUESTED or FREED */
+    seg_span_t *made = NULL;           /* the live segments the trace made, by address */
+    size_t nmade = 0, cap_made = 0;
+    bool ok = true;
+    for (size_t i = 0; ok && i < d->nev; i++) {
+        const tr_event_t *e = &d->ev[i];
+        uintptr_t st = 0;
+        if (e->addr == 0)
+            continue; /* the map takes no key 0 */
+        switch (e->action) {
+        case TR_ALLOC:
+            ok = tr_map_put(&blocks, e->addr, LIVE);
+            break;
+        case TR_FREE_REQUESTED:
+        case TR_FREE_COMPLETED: {
+            bool known = tr_map_get(&blocks, e->addr, &st);
+            size_t k = known ? 0 : span_at(made, nmade, e->addr);
+            if ((known && (st == FREED || (st == REQUESTED && e->action == TR_FREE_REQUESTED))) ||
+                (!known && k < nmade && made[k].addr <= e->addr)) {
+                d->missing_allocs++;
+                d->missing_alloc_bytes += e->size;
+            }
+            ok = tr_map_put(&blocks, e->addr,
+                            e->action == TR_FREE_REQUESTED && !(e->flags & TR_F_COMPLETION)
+                                ? REQUESTED
+                                : FREED);
+            break;
+        }
+        case TR_SEGMENT_ALLOC: {
+            ok = tr_map_put(&segs, e->addr, LIVE);
+            size_t k = span_at(made, nmade, e->addr);
+            if (ok && (k == nmade || made[k].addr != e->addr) && e->size > 0 &&
+                e->addr + e->size > e->addr) {
+                ok = GROW(made, nmade, cap_made);
+                if (ok) {
+                    memmove(made + k + 1, made + k, (nmade - k) * sizeof(*made));
+                    made[k] = (seg_span_t){e->addr, e->addr + e->size};
+                    nmade++;
+                }
+            }
+            break;
+        }
+        case TR_SEGMENT_FREE: {
+            if (tr_map_get(&segs, e->addr, &st) && st == FREED) {
+                d->missing_seg_allocs++;
+                d->missing_seg_bytes += e->size;
+            }
+            ok = tr_map_put(&segs, e->addr, FREED);
+            size_t k = span_at(made, nmade, e->addr);
+            if (ok && k < nmade && made[k].addr == e->addr) {
+                memmove(made + k, made + k + 1, (nmade - k - 1) * sizeof(*made));
+                nmade--;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    tr_map_free(&blocks);
+    tr_map_free(&segs);
+    free(made);
+    return ok;
 }
 
 /* One device's analysis. The forward pass keeps one map of the addresses the events name (an
@@ -2175,11 +2308,23 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
     /* Runs of segment frees: the user's empty_cache, unless the allocator released inside a
      * malloc (garbage collection, oversize blocks), which then allocates at once. A release
      * for an OOM retry empties the cache too: replaying it as empty_cache is what happened. */
+    /* nheld: frees held for other streams' work at this point (deferred requests, and blocks
+     * pending before the first entry, whose completions have not come yet). An empty_cache
+     * waits for every one of them first (synchronize_and_free_events): a run that some held
+     * free outlasts was no empty_cache. */
+    int64_t nheld = 0;
+    for (size_t k = 0; k < d->nseeds; k++)
+        nheld += d->seeds[k].pending;
+    bool recycles = rules_recycle(set);
     for (size_t i = 0; i < d->nev;) {
         tr_event_t *e = &d->ev[i];
         if (e->action != TR_SEGMENT_FREE && e->action != TR_SEGMENT_UNMAP) {
             if (e->action == TR_ALLOC && nroute > 0 && !(e->flags & TR_F_POOL_ID))
                 e->pool = pool_at(ranges, nroute, e->addr);
+            if (e->action == TR_FREE_REQUESTED && (e->flags & TR_F_DEFERRED))
+                nheld++;
+            else if (e->action == TR_FREE_COMPLETED && e->held_end)
+                nheld--;
             i++;
             continue;
         }
@@ -2190,12 +2335,22 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
                 d->ev[j].pool = pool_at(ranges, nroute, d->ev[j].addr);
             j++;
         }
-        bool internal =
-            j < d->nev &&
-            (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP) &&
-            released_in_malloc(set, d->ev, i, j);
-        if (internal) {
+        rim_t internal =
+            j < d->nev && (d->ev[j].action == TR_SEGMENT_ALLOC || d->ev[j].action == TR_SEGMENT_MAP)
+                ? released_in_malloc(set, d->ev, i, j)
+                : RIM_NO;
+        /* Under sympool's SYMPOOL_EXPANDABLE_RECYCLE, unmaps right before a growth that a held
+         * free outlasts are the growing malloc's own (an empty_cache would have waited for that
+         * free): read as the user's empty_cache, they completed it there, and the replay
+         * unmapped pages the recorded run kept (sympool's own recordings 0.3-1.8% off). Without
+         * a held free the two look alike, and the run stays an empty_cache. */
+        if (internal == RIM_NO && recycles && nheld > 0 && j < d->nev &&
+            d->ev[j].action == TR_SEGMENT_MAP && default_unmaps_only(d->ev, i, j))
+            internal = RIM_SPLIT;
+        if (internal != RIM_NO) {
             d->internal_frees += j - i;
+            if (internal == RIM_GC)
+                e->flags |= TR_F_MAYBE_GC;
         } else {
             e->flags |= TR_F_EMPTY_CACHE;
             d->empty_cache_runs++;
@@ -2229,6 +2384,8 @@ static bool analyse(const pk_value_t *segments, const recs_t *recs, const tr_set
      * left them out) or are missing from the snapshot's segments, and PyTorch's reserved bytes
      * before that point, its peak included, are at least those counted. */
     d->unrecorded_free = (uint64_t)-low;
+    if (!count_missing(d))
+        goto oom;
 
     int64_t req = (int64_t)d->seeded_bytes, rpeak = req;
     for (size_t i = 0; i < d->nev; i++) {
@@ -2339,6 +2496,52 @@ static void note_split_value(char *why, size_t cap, const pk_value_t *as) {
              "allocator_settings['max_split_size'] is %s, not -1 (no limit) or a size PyTorch "
              "records: the setting the run used is unknown",
              value);
+}
+
+/* sympool's snapshots with expandable segments record the rules of ours the run used
+ * (sympool_expandable_rules, pool/snapshot.c): NAME=VALUE items of SYMPOOL_EXPANDABLE_ options
+ * (but _SEGMENTS, which expandable_segments says), each checked as the option would take it. A
+ * value that is not such a list is said, not replayed as PyTorch's rules without a word. */
+static void read_rules(const pk_value_t *as, tr_settings_t *st, char *why, size_t cap) {
+    const pk_value_t *v = pk_get(as, "sympool_expandable_rules");
+    if (v == NULL)
+        return;
+    const char *text = pk_str(v);
+    if (text == NULL || v->u.str.len >= sizeof st->rules || strlen(text) != v->u.str.len) {
+        snprintf(why, cap,
+                 "allocator_settings['sympool_expandable_rules'] is %s, not the list of "
+                 "NAME=VALUE items sympool writes",
+                 text == NULL ? kind_of(v) : "a str of another form");
+        return;
+    }
+    for (const char *p = text; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char item[256], check[120];
+        const char *eq = memchr(p, '=', n);
+        if (n >= sizeof item || eq == NULL) {
+            snprintf(why, cap,
+                     "allocator_settings['sympool_expandable_rules']: '%.*s' is no "
+                     "NAME=VALUE item",
+                     (int)(n < 64 ? n : 64), p);
+            return;
+        }
+        memcpy(item, p, n);
+        item[n] = '\0';
+        item[eq - p] = '\0';
+        if (strncmp(item, "SYMPOOL_EXPANDABLE_", 19) != 0 ||
+            strcmp(item, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0 ||
+            !sp_x_option_check(item, item + (eq - p) + 1, check, sizeof check)) {
+            snprintf(why, cap, "allocator_settings['sympool_expandable_rules']: %.64s: %s", item,
+                     strncmp(item, "SYMPOOL_EXPANDABLE_", 19) != 0 ||
+                             strcmp(item, "SYMPOOL_EXPANDABLE_SEGMENTS") == 0
+                         ? "not a rule of sympool's expandable segments"
+                         : check);
+            return;
+        }
+        p += n + (end ? 1 : 0);
+    }
+    snprintf(st->rules, sizeof st->rules, "%s", text);
 }
 
 static void read_settings(const pk_value_t *as, tr_settings_t *st) {
@@ -2481,6 +2684,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         p += n + (end ? 1 : 0);
     }
 #undef ADD
+    char rules_bad[320] = ""; /* why sympool_expandable_rules is not what sympool writes */
+    read_rules(as, st, rules_bad, sizeof rules_bad);
     /* Settings PyTorch refuses (a max_split_size under 20 MiB, a threshold outside (0, 1)):
      * said once here, so that every command says the same about them. */
     char why[256];
@@ -2492,6 +2697,8 @@ static void read_settings(const pk_value_t *as, tr_settings_t *st) {
         snprintf(st->invalid, sizeof st->invalid, "%s", fraction_bad);
     else if (rp_bad[0] != '\0')
         snprintf(st->invalid, sizeof st->invalid, "%s", rp_bad);
+    else if (rules_bad[0] != '\0')
+        snprintf(st->invalid, sizeof st->invalid, "%s", rules_bad);
 }
 
 uint64_t tr_settings_split_to_set(const tr_settings_t *st) {
@@ -3210,9 +3417,11 @@ static bool load_bytes(const char *path, unsigned char *buf, size_t len, bool ma
         snprintf(err, errlen, "%s: %s", src, why);
         return false;
     }
-    /* What the entries' array did not use goes back before the analysis and the replay
-     * allocate theirs, so that they take it instead of more of the heap (in place: the
-     * entries do not move). */
+    /* What the entries' array and the newest chunks of blocks and segments did not use goes
+     * back before the analysis and the replay allocate theirs, so that they take it instead of
+     * more of the heap (in place: the entries do not move). */
+    chunks_trim(&recs.blk, sizeof(rec_block_t));
+    chunks_trim(&recs.seg, sizeof(rec_seg_t));
     if (recs.cap > recs.n + 1024) {
         tr_event_t *ne = realloc(recs.ev, (recs.n ? recs.n : 1) * sizeof(*recs.ev));
         if (ne != NULL) {

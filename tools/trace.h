@@ -37,7 +37,14 @@ typedef enum {
 /* tr_event_t.flags */
 #define TR_F_DEFERRED 1u    /* free_requested whose free_completed comes later (stream uses) */
 #define TR_F_EMPTY_CACHE 2u /* first of a run of segment frees the user's empty_cache made */
-#define TR_F_POOL_ID 4u     /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
+/* first of a run of segment frees read as garbage collection inside the malloc after it (a
+ * threshold and a fraction recorded), which may as well be the user's empty_cache before that
+ * malloc: the replay empties the cache there unless its own allocator collects at that malloc
+ * (reserved past the threshold's bytes, known only there: the device's size is not recorded).
+ * Set by the analysis, after the loader's own check bits (trace.c's RF_*, which share this
+ * one) are cleared. */
+#define TR_F_MAYBE_GC 16u
+#define TR_F_POOL_ID 4u /* the entry names its pool (newer PyTorch's "pool_id"): pool is it */
 #define TR_F_COMPLETION                                                                            \
     8u /* recorded as a free_completed that no free_requested preceded, of a                       \
         * block an alloc of the trace made: read as its free (the action is                        \
@@ -156,11 +163,19 @@ typedef struct tr_device {
     uint64_t unrecorded_free; /* how far the reserved bytes walked back from the end go below
                                * 0: at least these bytes of segments were released with no
                                * entry for it (0 in a consistent trace) */
-    uint64_t peak_requested;  /* peak of seeds + allocs - free_requested sizes */
-    size_t recorded_ooms;     /* oom events in the trace */
-    tr_meta_t *meta;          /* events with a user_metadata other than "", in event order (NULL
-                               * when none: the usual case) */
-    size_t nmeta;             /* entries in meta */
+    /* Entries a recording made with skip_actions left out, as far as the trace shows them:
+     * frees of blocks no alloc entry made that cannot have been live before the first entry
+     * (freed already, with no alloc between; or in a segment a segment_alloc of the trace made),
+     * and segment_frees of fixed segments already freed, with no segment_alloc between. */
+    size_t missing_allocs;        /* such frees */
+    uint64_t missing_alloc_bytes; /* their blocks' sizes */
+    size_t missing_seg_allocs;    /* such segment_frees */
+    uint64_t missing_seg_bytes;   /* their segments' sizes */
+    uint64_t peak_requested;      /* peak of seeds + allocs - free_requested sizes */
+    size_t recorded_ooms;         /* oom events in the trace */
+    tr_meta_t *meta;              /* events with a user_metadata other than "", in event order (NULL
+                                   * when none: the usual case) */
+    size_t nmeta;                 /* entries in meta */
 } tr_device_t;
 
 /* The change event i of d makes to the bytes PyTorch counts as requested (requested_bytes): up
@@ -205,6 +220,10 @@ typedef struct tr_settings {
      * takes bytes; PyTorch's max_split_size_mb, and so conf, only MiB), 0 otherwise: set as
      * that option beside conf (tr_settings_set_split), not rounded into conf. */
     uint64_t split_bytes;
+    /* sympool's own rules for expandable segments in the recorded run (its snapshots'
+     * sympool_expandable_rules: "SYMPOOL_EXPANDABLE_PAGE=2MiB,..."), each checked as that
+     * option; "" for a snapshot without them (PyTorch's: its rules) */
+    char rules[1024];
 } tr_settings_t;
 
 typedef struct tr_trace {

@@ -88,6 +88,19 @@ static void text(const char *path, const tr_trace_t *t) {
                    "segment_unmap entry, or missing from the snapshot's segments: the peak "
                    "reserved above is a floor\n",
                    gib(dv->unrecorded_free));
+        if (dv->missing_allocs > 0)
+            printf(
+                "  %zu free%s (%.3f GiB) of blocks no alloc entry made that cannot have been "
+                "live before the first entry (freed already, or in a segment the trace "
+                "made before): alloc entries are missing (recorded with skip_actions=['alloc']?)\n",
+                dv->missing_allocs, dv->missing_allocs == 1 ? "" : "s",
+                gib(dv->missing_alloc_bytes));
+        if (dv->missing_seg_allocs > 0)
+            printf("  %zu segment_free%s (%.3f GiB) of segments freed already, with no "
+                   "segment_alloc since: segment_alloc entries are missing (recorded with "
+                   "skip_actions=['segment_alloc']?)\n",
+                   dv->missing_seg_allocs, dv->missing_seg_allocs == 1 ? "" : "s",
+                   gib(dv->missing_seg_bytes));
     }
     if (t->settings.recorded) {
         printf("settings: '%s'%s\n", t->settings.conf[0] ? t->settings.conf : "defaults",
@@ -167,6 +180,13 @@ static void json(const char *path, const tr_trace_t *t) {
         cj_uint(&j, "live_blocks_in_segments", dv->nsblocks);
         cj_uint(&j, "live_blocks_outside", dv->nloose);
         cj_uint(&j, "bytes_outside", dv->loose_bytes);
+        cj_end(&j, '}');
+        /* What a recording with skip_actions left out, where the trace shows it. */
+        cj_object(&j, "missing_entries");
+        cj_uint(&j, "allocs", dv->missing_allocs);
+        cj_uint(&j, "alloc_bytes", dv->missing_alloc_bytes);
+        cj_uint(&j, "segment_allocs", dv->missing_seg_allocs);
+        cj_uint(&j, "segment_alloc_bytes", dv->missing_seg_bytes);
         cj_end(&j, '}');
         /* The start and peak that summary, plot and replay count requested bytes from. */
         cj_object(&j, "requested");

@@ -24,6 +24,14 @@
  * (sp__world_nccl_ticket) and the gate that orders the world's NCCL collectives with them
  * (sp__world_nccl_coll_enter), and an abort takes it after nccl_lock is let go. A world itself is
  * used by the thread(s) of its rank under MPI's own rules for collectives (the caller orders them).
+ *
+ * fork(): s_lock is held across MPI_Init_thread (which waits for the other processes of the
+ * job), nccl_lock across NCCL calls that wait for the other ranks, and a symmetric pool's lock
+ * across its rounds, so a fork handler that took them could hang the parent for good; and MPI
+ * and NCCL communicators do not survive fork() anyway. So no handler takes them: the child of a
+ * process that had started a world call is marked (forked_child) and refuses every world,
+ * symmetric and collective call before touching any of those locks (sp__world_forked); a child
+ * of a process that never started one may make its own world.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -106,6 +114,40 @@ static int s_self_key = MPI_KEYVAL_INVALID; /* s_lock: the MPI_COMM_SELF attribu
 static void (*s_notices[MAX_NOTICES])(void); /* s_lock */
 static int s_nnotices;                       /* s_lock */
 static _Atomic int s_test_fail_table;        /* sp__world_test_fail_host_tables */
+static bool s_used;                          /* a world call has started in this process (atomic) */
+static bool s_forked; /* fork child of a process where s_used was set (atomic) */
+
+/* The pthread_atfork child handler (one thread, every other lock state unknown): no lock. */
+static void forked_child(void) {
+    if (!__atomic_load_n(&s_used, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&s_forked, true, __ATOMIC_RELAXED);
+    /* The forking thread's cached liveness check (t_world) misses from now on. */
+    __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void register_fork_child(void) {
+    int rc = pthread_atfork(NULL, NULL, forked_child);
+    if (rc != 0)
+        SP_WARN(SP_SUB_BOOT,
+                "pthread_atfork failed (%d): a fork child of a process that used a world may "
+                "hang in world and symmetric calls instead of refusing them",
+                rc);
+}
+
+bool sp__world_forked(void) {
+    return __atomic_load_n(&s_forked, __ATOMIC_RELAXED);
+}
+
+sp_status_t sp__world_fork_error(const char *fn) {
+    return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_BOOT,
+                     "%s: this process was forked from one that used sympool's MPI world; MPI "
+                     "and NCCL communicators do not survive fork(), so world, symmetric pool and "
+                     "collective calls are refused here (the plain allocator still works on the "
+                     "host backend); make worlds in processes started with spawn/exec, or fork "
+                     "before the first sp_world_init/sp_world_from_comm",
+                     fn);
+}
 
 static bool is_live_locked(const sp_world_t *w) {
     for (sp_world_t *x = s_live; x; x = x->next_live)
@@ -139,6 +181,8 @@ static int self_deleted(MPI_Comm comm, int key, void *value, void *extra) {
     (void)comm, (void)key, (void)value, (void)extra;
     __atomic_store_n(&s_mpi_gone, true, __ATOMIC_RELEASE);
     __atomic_fetch_add(&s_live_gen, 1, __ATOMIC_RELEASE);
+    if (sp__world_forked())
+        return MPI_SUCCESS; /* a fork child's MPI_Finalize: s_lock may be held for good */
     pthread_mutex_lock(&s_lock);
     int n = s_nnotices;
     void (*notices[MAX_NOTICES])(void);
@@ -195,6 +239,8 @@ check_world(const sp_world_t *w, const char *fn, bool allow_broken) {
         return sp__error(SP_ERR_INVALID_ARGUMENT, SP_SUB_BOOT, "%s: world is NULL", fn);
     if (w == t_world && __atomic_load_n(&s_live_gen, __ATOMIC_ACQUIRE) == t_world_gen)
         return SP_SUCCESS;
+    if (sp__world_forked())
+        return sp__world_fork_error(fn);
     pthread_mutex_lock(&s_lock);
     bool live = is_live_locked(w);
     bool gone = live && sp__world_mpi_gone();
@@ -1004,6 +1050,9 @@ SP_EXPORT sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_
     SP_ARG_CHECK(world_p, SP_SUB_BOOT, "sp_world_init: world_p is NULL");
     SP_ARG_CHECK((argc == NULL) == (argv == NULL), SP_SUB_BOOT,
                  "sp_world_init: pass both argc and argv, or neither");
+    if (sp__world_forked())
+        return sp__world_fork_error("sp_world_init");
+    __atomic_store_n(&s_used, true, __ATOMIC_SEQ_CST); /* before s_lock: see forked_child */
     int inited = 0, finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized)
@@ -1045,6 +1094,9 @@ SP_EXPORT sp_status_t sp_world_init(int *argc, char ***argv, sp_world_t **world_
 
 SP_EXPORT sp_status_t sp_world_from_comm(MPI_Comm comm, sp_world_t **world_p) {
     SP_ARG_CHECK(world_p, SP_SUB_BOOT, "sp_world_from_comm: world_p is NULL");
+    if (sp__world_forked())
+        return sp__world_fork_error("sp_world_from_comm");
+    __atomic_store_n(&s_used, true, __ATOMIC_SEQ_CST); /* before any world lock */
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
@@ -1091,6 +1143,8 @@ static void free_world(sp_world_t *w) {
 
 SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
     SP_ARG_CHECK(w, SP_SUB_BOOT, "sp_world_finalize: world is NULL");
+    if (sp__world_forked())
+        return sp__world_fork_error("sp_world_finalize"); /* the parent's world: not ours */
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized && !sp__in_callback()) {
@@ -1236,7 +1290,7 @@ SP_EXPORT sp_status_t sp_world_finalize(sp_world_t *w) {
 /* A finalized world's memory is freed: the accessors look the pointer up among the live worlds
  * before reading it, so a stale pointer answers like NULL instead of reading freed memory. */
 static const sp_world_t *live_or_null(const sp_world_t *w) {
-    if (!w)
+    if (!w || sp__world_forked()) /* no world is live in a fork child (sp__world_forked) */
         return NULL;
     pthread_mutex_lock(&s_lock);
     bool live = is_live_locked(w);

@@ -104,6 +104,16 @@ sp_status_t sp__world_on_nccl_end(sp_world_nccl_end_hook_t hook);
 bool sp__world_mpi_gone(void);
 sp_status_t sp__world_on_mpi_gone(void (*notice)(void));
 
+/* This process is a fork() child of one that had started a world call (sp_world_init or
+ * sp_world_from_comm): MPI and NCCL communicators do not survive fork(), and the world's and the
+ * symmetric pools' locks may have been held by other threads at the fork, some of them across a
+ * wait for other ranks (so no fork handler may wait for them). Every world, symmetric and
+ * collective entry point asks first and refuses with sp__world_fork_error, before it takes any
+ * lock of its layer. A relaxed load; set by world.c's pthread_atfork child handler. */
+bool sp__world_forked(void);
+/* SP_ERR_INVALID_USAGE naming fn and saying the above (logged, last error set). */
+sp_status_t sp__world_fork_error(const char *fn);
+
 /* Rank of world rank `world_rank` in the node communicator, -1 if it is on another node (or out
  * of range). Local: the table is computed once at world creation. */
 int sp__world_node_rank_of(const sp_world_t *w, int world_rank);

@@ -27,7 +27,11 @@ typedef struct sp_mempool_id {
 } sp_mempool_id_t;
 
 /** A segment allocator; mirrors CUDAPluggableAllocator. The callbacks run under the device's
- * allocator lock: a sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock).
+ * allocator lock (as PyTorch calls a MemPool allocator's raw_alloc under its allocator mutex): a
+ * sympool call from inside one returns SP_ERR_INVALID_USAGE (it would deadlock). A fork() while
+ * another thread is inside one does not wait for it (it may wait for what the forking thread
+ * holds, as a Python callback waits for the GIL that os.fork() keeps): the child's allocator is
+ * off instead, every call failing with SP_ERR_DEVICE (docs/API.md, Python).
  */
 typedef struct sp_allocator {
     /** Allocate a segment of @p size bytes; NULL means out of memory. */

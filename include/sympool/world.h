@@ -1,6 +1,12 @@
 /**
  * @file world.h
  * @brief The MPI world: bootstrap, local rank -> device, NCCL communicator on the cuda backend.
+ *
+ * fork(): a world belongs to the process that made it. In the child of a process that started
+ * sp_world_init or sp_world_from_comm, every world, symmetric pool and collective call returns
+ * SP_ERR_INVALID_USAGE (MPI and NCCL communicators do not survive fork(), and another thread may
+ * have held the world's locks across a wait for other ranks), and the accessors answer as for a
+ * finalized world.
  */
 #ifndef SYMPOOL_WORLD_H
 #define SYMPOOL_WORLD_H

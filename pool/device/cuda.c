@@ -769,6 +769,10 @@ typedef struct cuda_resv {
     size_t size;                     /* bytes */
     size_t page;                     /* bytes per physical allocation */
     CUmemGenericAllocationHandle *h; /* [size / page], 0 = not mapped */
+    bool *stray;  /* [size / page]: mapped (h[i] set) although the allocator counts the page
+                   * unmapped: a failed vmm_map's undo whose cuMemUnmap the driver refused. The
+                   * next vmm call tries the unmap again (vmm_retry_stale), and a vmm_map over it
+                   * takes it over as it is; vmm_range counts it unmapped */
     bool dropped; /* vmm_release was called, but the driver refused to unmap a page of it (still
                    * mapped, its handle held) or to free the range: kept only to finish the
                    * release at the next vmm call and at fini, never found by vmm_find */
@@ -795,6 +799,7 @@ static struct {
      * pages' memory, so they are released again at the next vmm call and at fini; mu. */
     CUmemGenericAllocationHandle *stale;
     size_t nstale, cap_stale;
+    size_t nstray; /* stray pages over the live reservations (cuda_resv_t.stray); mu */
 } g_vmm = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* Look the entry points up once (g_vmm.mu held); false if any is missing. */
@@ -886,6 +891,11 @@ static sp_status_t cuda_vmm_reserve(int device, size_t size, size_t page, void *
     int prev = -1;
     SP_CHECK(guard_enter(device, &prev));
     CUmemGenericAllocationHandle *h = calloc(size / page, sizeof(*h));
+    bool *stray = calloc(size / page, sizeof(*stray));
+    if (!stray) {
+        free(h);
+        h = NULL;
+    }
     sp_status_t res = SP_SUCCESS;
     pthread_mutex_lock(&g_vmm.mu);
     CUdeviceptr base = 0;
@@ -910,11 +920,12 @@ static sp_status_t cuda_vmm_reserve(int device, size_t size, size_t page, void *
         }
     }
     if (res == SP_SUCCESS)
-        g_vmm.resv[g_vmm.nresv++] = (cuda_resv_t){device, base, size, page, h, false};
+        g_vmm.resv[g_vmm.nresv++] = (cuda_resv_t){device, base, size, page, h, stray, false};
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
     if (res != SP_SUCCESS) {
         free(h);
+        free(stray);
         return res;
     }
     *base_p = (void *)(uintptr_t)base;
@@ -932,7 +943,7 @@ static sp_status_t vmm_range(int device, CUdeviceptr a, size_t size, bool mapped
                          "reservation",
                          device, op, (unsigned long long)a, size);
     for (size_t i = (a - r->base) / r->page; i < (a - r->base + size) / r->page; i++)
-        if ((r->h[i] != 0) != mapped)
+        if ((r->h[i] != 0 && !r->stray[i]) != mapped)
             return sp__error(SP_ERR_INVALID_USAGE, SP_SUB_DEVICE, "device %d: %s: page %zu is %s",
                              device, op, i, mapped ? "not mapped" : "already mapped");
     *r_p = r;
@@ -991,6 +1002,17 @@ static void vmm_retry_stale(void) {
         if (g_vmm.release(g_vmm.stale[i]) != CUDA_SUCCESS)
             g_vmm.stale[k++] = g_vmm.stale[i];
     g_vmm.nstale = k;
+    for (size_t i = 0; i < g_vmm.nresv && g_vmm.nstray; i++) {
+        cuda_resv_t *r = &g_vmm.resv[i];
+        for (size_t p = 0; p < r->size / r->page && !r->dropped; p++) {
+            if (!r->stray[p] || g_vmm.unmap(r->base + p * r->page, r->page) != CUDA_SUCCESS)
+                continue;
+            vmm_release_handle(r->device, r->h[p]);
+            r->h[p] = 0;
+            r->stray[p] = false;
+            g_vmm.nstray--;
+        }
+    }
     for (size_t i = 0; i < g_vmm.nresv;) {
         cuda_resv_t *r = &g_vmm.resv[i];
         if (!r->dropped || !vmm_finish_dropped(r)) {
@@ -998,6 +1020,7 @@ static void vmm_retry_stale(void) {
             continue;
         }
         free(r->h);
+        free(r->stray);
         *r = g_vmm.resv[--g_vmm.nresv];
     }
 }
@@ -1025,7 +1048,7 @@ static void vmm_fini(void) {
 static sp_status_t vmm_drop(cuda_resv_t *r, size_t i0, size_t i1, bool mapped) {
     sp_status_t res = SP_SUCCESS;
     for (size_t i = i0; i < i1; i++) {
-        if (!r->h[i])
+        if (!r->h[i] || r->stray[i]) /* not this call's page: see cuda_resv_t.stray */
             continue;
         CUresult e = mapped ? g_vmm.unmap(r->base + i * r->page, r->page) : CUDA_SUCCESS;
         if (e != CUDA_SUCCESS) {
@@ -1055,9 +1078,12 @@ static size_t vmm_unmap_each(cuda_resv_t *r, size_t i0, size_t i1) {
     return refused;
 }
 
-/* Create the physical pages [i0, i1) (g_vmm.mu held); all or nothing. */
+/* Create the physical pages [i0, i1) (g_vmm.mu held), stray pages but (they have theirs); all
+ * or nothing. */
 static sp_status_t vmm_create(cuda_resv_t *r, size_t i0, size_t i1) {
     for (size_t i = i0; i < i1; i++) {
+        if (r->stray[i])
+            continue;
         CUmemAllocationProp prop = page_prop(r->device);
         CUmemGenericAllocationHandle h = 0;
         CUresult e = g_vmm.create(&h, r->page, &prop, 0);
@@ -1101,8 +1127,12 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
     size_t i0 = r ? (a - r->base) / r->page : 0, i1 = r ? i0 + size / r->page : 0, done = i0;
     if (res == SP_SUCCESS)
         res = vmm_create(r, i0, i1);
+    bool created = res == SP_SUCCESS;
     while (res == SP_SUCCESS && done < i1) {
-        CUresult e = g_vmm.map(r->base + done * r->page, r->page, 0, r->h[done], 0);
+        /* A stray page is still mapped with its handle: taken over as it is (access below). */
+        CUresult e = r->stray[done]
+                         ? CUDA_SUCCESS
+                         : g_vmm.map(r->base + done * r->page, r->page, 0, r->h[done], 0);
         if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemMap", device); /* page `done` stays unmapped */
         else
@@ -1113,11 +1143,24 @@ static sp_status_t cuda_vmm_map(int device, void *addr, size_t size) {
         if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemSetAccess", device);
     }
-    if (res != SP_SUCCESS && r && i1 > i0 && r->h[i0]) {
+    if (res != SP_SUCCESS && created) {
         /* Undo: pages [i0, done) were mapped (all of them when only the access failed); the
-         * rest only created. */
+         * rest only created. A page whose unmap the driver refuses stays mapped with its
+         * handle: a stray page from now on (as those taken over stay), so that the allocator,
+         * which counts the range unmapped, can grow into it again. */
         (void)vmm_drop(r, i0, done, true);
         (void)vmm_drop(r, done, i1, false);
+        for (size_t i = i0; i < i1; i++)
+            if (r->h[i] && !r->stray[i]) {
+                r->stray[i] = true;
+                g_vmm.nstray++;
+            }
+    } else if (res == SP_SUCCESS) {
+        for (size_t i = i0; i < i1; i++)
+            if (r->stray[i]) {
+                r->stray[i] = false;
+                g_vmm.nstray--;
+            }
     }
     pthread_mutex_unlock(&g_vmm.mu);
     guard_exit(device, prev);
@@ -1195,12 +1238,18 @@ static sp_status_t cuda_vmm_release(int device, void *base, size_t size) {
                         "device %d: vmm_release(%p, %zu) is not a live reservation", device, base,
                         size);
     } else {
+        for (size_t i = 0; i < size / r->page; i++)
+            if (r->stray[i]) { /* it goes with the rest */
+                r->stray[i] = false;
+                g_vmm.nstray--;
+            }
         res = vmm_drop(r, 0, size / r->page, true); /* pages still mapped go with it */
         CUresult e = res == SP_SUCCESS ? g_vmm.afree(a, size) : CUDA_SUCCESS;
         if (e != CUDA_SUCCESS)
             res = cu_fail(e, "cuMemAddressFree", device);
         if (res == SP_SUCCESS) {
             free(r->h);
+            free(r->stray);
             *r = g_vmm.resv[--g_vmm.nresv];
         } else {
             /* A page the driver refused to unmap is still mapped (its handle kept), or the range

@@ -1016,13 +1016,6 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
                          "host device %d: vmm_reserve of %zu bytes in pages of %zu: the page must "
                          "be a multiple of %zu and the size a multiple of the page",
                          device, size, page, g_host.page);
-    uint8_t *bits = calloc(size / page, 1);
-    if (!bits)
-        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
-                         "host device %d: cannot allocate the page table of a reservation of %zu "
-                         "bytes (%zu pages): %s; an expandable segment reserves 1.125 x the "
-                         "emulated capacity (SYMPOOL_HOST_CAPACITY, --capacity): use a smaller one",
-                         device, size, size / page, strerror(ENOMEM));
     /* One guard page after each reservation: two reservations are never adjacent, so a
      * viewer that merges touching ranges of a stream never joins two segments. */
     size_t span = size + g_host.page;
@@ -1039,13 +1032,32 @@ static sp_status_t host_vmm_reserve(int device, size_t size, size_t page, void *
          * `--capacity 64TiB` and expandable segments reported OOMs on a device with all of its
          * 64 TiB free. */
         int err = errno;
-        free(bits);
         return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
                          "host device %d: cannot reserve %zu bytes of address space: %s; an "
                          "expandable segment reserves 1.125 x the emulated capacity "
                          "(SYMPOOL_HOST_CAPACITY, --capacity), more than this process's address "
                          "space holds: use a smaller one",
                          device, size, strerror(err));
+    }
+    /* The page table (a byte per page) only once the address space is granted: a reservation
+     * no address space holds (an emulated capacity of exabytes) is refused by mmap above. Asked
+     * of the heap first, its table took terabytes for `--capacity 7EiB` (AddressSanitizer
+     * aborts on such a request; under overcommit it may be granted). What mmap grants, at most
+     * this process's address space (128 TiB on x86-64), needs at most 64 MiB in 2 MiB pages. */
+    uint8_t *bits = calloc(size / page, 1);
+    if (!bits) {
+        if (carved) {
+            pthread_mutex_lock(&dev->mu);
+            arena_give(&dev->arena, carved, span);
+            pthread_mutex_unlock(&dev->mu);
+        } else {
+            munmap(p, span);
+        }
+        return sp__error(SP_ERR_SYSTEM, SP_SUB_DEVICE,
+                         "host device %d: cannot allocate the page table of a reservation of %zu "
+                         "bytes (%zu pages): %s; an expandable segment reserves 1.125 x the "
+                         "emulated capacity (SYMPOOL_HOST_CAPACITY, --capacity): use a smaller one",
+                         device, size, size / page, strerror(ENOMEM));
     }
     pthread_mutex_lock(&dev->mu);
     bool ok = true;

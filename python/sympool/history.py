@@ -197,8 +197,8 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
             raise bad_value(f"skip_actions holds a malformed name: {skip_actions!r}")
         skip = ",".join(skip_actions).encode()
         p.skip_actions = skip  # the library reads it during the call only
-    if not isinstance(clear_history, bool):
-        raise TypeError(f"clear_history must be a bool, not {type(clear_history).__name__}")
+    _flag(clear_history, "clear_history")
+    _flag(global_record_annotations, "global_record_annotations")
     if device is not None:
         _lib.as_device(device)
     # One call at a time from here: the frames hook, the library's recording and the
@@ -206,6 +206,13 @@ def record_memory_history(enabled="all", context="all", stacks="python", max_ent
     # and a None from two threads left recording on without the hook: entries with no frames.
     with _record_lock:
         _record_locked(p, enabled, context, clear_history, global_record_annotations)
+
+
+def _flag(value, what):
+    """A yes/no argument must be a bool, as torch binds its flags to C++ bools (pybind11 refuses
+    a str or a list there): "no" was taken as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be a bool, not {type(value).__name__}")
 
 
 def _record_locked(p, enabled, context, clear_history, global_record_annotations):
@@ -327,6 +334,7 @@ def _record_memory_history_impl(enabled="all", context="all", stacks="all",
     "all"). compile_context is accepted and has no effect; global_record_annotations says which
     threads' record_function scopes (sympool.history.record_function) are recorded: every
     thread's, or only this one's (the default, as torch's thread-local callback)."""
+    _flag(compile_context, "compile_context")
     record_memory_history(enabled, context, stacks, max_entries, device, clear_history,
                           skip_actions, global_record_annotations)
 
@@ -341,6 +349,12 @@ def _record_memory_history_legacy(enabled, record_context=True, trace_alloc_max_
     True) is "state"), stacks on live blocks when record_context, also on trace entries when
     trace_alloc_record_context, C frames when record_context_cpp. It was taken as "all" with
     every trace entry, stacks on frees and C frames."""
+    for value, what in ((enabled, "enabled"), (record_context, "record_context"),
+                        (trace_alloc_record_context, "trace_alloc_record_context"),
+                        (record_context_cpp, "record_context_cpp"),
+                        (compile_context, "compile_context"),
+                        (global_record_annotations, "global_record_annotations")):
+        _flag(value, what)  # all of them, on or off: torch's binding takes them all either way
     if not enabled:
         record_memory_history(None, device=device, clear_history=clear_history)
         return

@@ -921,6 +921,13 @@ class use_mem_pool(contextlib.ContextDecorator):  # noqa: N801 (torch's name)
 
 # ---- fork ------------------------------------------------------------------------------------
 
+# os.fork() while another thread is inside a Python segment allocator (docs/API.md, Python): the
+# callback runs under its device's lock and needs the GIL, which os.fork() holds through fork(),
+# to return, so the library's fork handler leaves that lock to it, and the child's allocator is
+# off (SympoolError, SP_ERR_DEVICE). No before-fork hook here takes the library's locks: os.fork()
+# takes CPython's import lock after the hooks, and a thread importing a module that allocates
+# would wait for the device lock such a hook held.
+
 # The MemPool and Stream objects alive, for their locks (weak: one goes when nothing else holds
 # it). A Stream's destroy() holds its lock across sp_stream_destroy too.
 _pools = globals().get("_pools") or weakref.WeakValueDictionary()

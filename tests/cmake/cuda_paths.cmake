@@ -12,7 +12,7 @@ add_test(NAME cuda_double.world_crowded.np2_on_1_gpu
   COMMAND sh -c "'${MPIEXEC_EXECUTABLE}' ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe '$<TARGET_FILE:sp_world_crowded>' | grep -c 'crowded ok'")
 set_tests_properties(cuda_double.world_crowded.np2_on_1_gpu PROPERTIES LABELS cuda_double
   TIMEOUT 120 PASS_REGULAR_EXPRESSION "(^|\n)2\n"
-  ENVIRONMENT "SYMPOOL_DEVICE=cuda;LD_LIBRARY_PATH=${PROJECT_BINARY_DIR}/cuda-double;CUDA_DOUBLE_GPUS=1;CUDA_DOUBLE_NCCL_TIMEOUT=60;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
+  ENVIRONMENT "SYMPOOL_DEVICE=cuda;LD_LIBRARY_PATH=${PROJECT_BINARY_DIR}/cuda-double;CUDA_DOUBLE_GPUS=1;CUDA_DOUBLE_NCCL_TIMEOUT=60;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMPI_MCA_mpi_yield_when_idle=1")
 # Ranks on one GPU are told apart by its PCI bus id: one GPU each, all seen as device 0
 # (CUDA_VISIBLE_DEVICES per rank), is a world; two ordinals naming one GPU are refused.
 add_executable(sp_world_gpu_ids ${CMAKE_CURRENT_SOURCE_DIR}/cuda_paths/world_gpu_ids.c)
@@ -27,4 +27,4 @@ add_test(NAME cuda_double.world_gpu_ids.np2_two_ordinals_one_gpu
 set_tests_properties(cuda_double.world_gpu_ids.np2_one_gpu_each
   cuda_double.world_gpu_ids.np2_two_ordinals_one_gpu PROPERTIES LABELS cuda_double
   TIMEOUT 120 PASS_REGULAR_EXPRESSION "(^|\n)2\n"
-  ENVIRONMENT "SYMPOOL_DEVICE=cuda;LD_LIBRARY_PATH=${PROJECT_BINARY_DIR}/cuda-double;CUDA_DOUBLE_GPUS=2;CUDA_DOUBLE_NCCL_TIMEOUT=60;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none")
+  ENVIRONMENT "SYMPOOL_DEVICE=cuda;LD_LIBRARY_PATH=${PROJECT_BINARY_DIR}/cuda-double;CUDA_DOUBLE_GPUS=2;CUDA_DOUBLE_NCCL_TIMEOUT=60;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_btl_vader_single_copy_mechanism=none;OMPI_MCA_mpi_yield_when_idle=1")

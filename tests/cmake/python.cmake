@@ -15,7 +15,7 @@ set(SYMPOOL_TEST_PYTHON "" CACHE FILEPATH "Python 3 with pytest (and mpi4py) for
 set(SP_PY_ENV "SYMPOOL_DEVICE=host" "SYMPOOL_LIBRARY=$<TARGET_FILE:sympool>"
   "PYTHONPATH=${PROJECT_SOURCE_DIR}/python" "PYTHONDONTWRITEBYTECODE=1" "SYMPOOL_SYM_TIMEOUT=30"
   "OMPI_ALLOW_RUN_AS_ROOT=1" "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
-  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
+  "OMPI_MCA_rmaps_base_oversubscribe=1" "OMPI_MCA_mpi_yield_when_idle=1" "OMPI_MCA_btl_vader_single_copy_mechanism=none")
 set(SP_PY_MPI_FLAGS)
 # A sanitized .so loaded into an unsanitized python needs the ASan runtime preloaded; the
 # interpreter's own allocations are not ours to leak-check. Under mpirun only the ranks get it.
@@ -37,6 +37,13 @@ else()
   set(SP_PY_ENV_MPI "${SP_PY_ENV}")
   set(SP_PY_PRELOAD "")
 endif()
+# cli.replay_self and cli.replay_self_expandable (cli.cmake) load this build's .so into Python too.
+foreach(t cli.replay_self cli.replay_self_expandable)
+  if(TEST ${t} AND SP_PY_PRELOAD)
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${SP_PY_PRELOAD}"
+      "ASAN_OPTIONS=detect_leaks=0")
+  endif()
+endforeach()
 
 # TSan cannot be preloaded into the interpreter (it segfaults mapping its shadow memory): the
 # Python tests are left out of the TSan build.

@@ -185,3 +185,17 @@ sp_mpi_c_test_np2(stats_devices stats-devices "SYMPOOL_HOST_DEVICES=2;SYMPOOL_SY
 # Host names that are no UTF-8 (a name cut inside a character, a 0xFF byte): the JSON and
 # Prometheus reports are UTF-8 all the same.
 sp_mpi_c_test_np2(stats_utf8 stats-utf8 "SYMPOOL_SYM_TIMEOUT=20")
+
+# fork() while another thread is inside a symmetric pool call (holding the pool's lock, which a
+# call keeps across its rounds): the child refuses every world, symmetric and collective call
+# with SP_ERR_INVALID_USAGE instead of waiting for that lock forever. One rank: the child's
+# refusals need no peer.
+add_executable(world_fork ${PROJECT_SOURCE_DIR}/tests/mpi/world_fork.c)
+target_compile_options(world_fork PRIVATE ${SP_WARN})
+target_link_libraries(world_fork PRIVATE sympool_static MPI::MPI_C Threads::Threads)
+add_test(NAME mpi.world_fork.np1
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 $<TARGET_FILE:world_fork>)
+set_tests_properties(mpi.world_fork.np1 PROPERTIES LABELS mpi TIMEOUT 60
+  ENVIRONMENT "${SP_TEST_ENV};SYMPOOL_SYM_TIMEOUT=20"
+  PASS_REGULAR_EXPRESSION "world-fork: ok"
+  FAIL_REGULAR_EXPRESSION "world-fork: FAIL")

@@ -1322,6 +1322,49 @@ TEST_F(CudaDoubleSympool, RefusedUnmapInTheUndoOfAMapIsNotLeaked) {
     EXPECT_EQ(handles(), 0);
 }
 
+// The same refusal, the segment kept: the page the undo could not unmap stayed mapped in the
+// backend while the allocator counted it unmapped, so every later growth into it failed
+// ("vmm_map: page 0 is already mapped", SP_ERR_INVALID_USAGE, for a call that did nothing
+// wrong) until the segment was released. The backend keeps such a page apart: the next vmm call
+// tries its unmap again, and a growth into it takes it over while it is still refused.
+TEST_F(CudaDoubleSympool, PageARefusedUndoKeptMappedIsGrownIntoAgain) {
+    NEED_DOUBLE();
+    expect_warnings();
+    sp::ScopedEnv env({{"SYMPOOL_EXPANDABLE_SEGMENTS", "1"}});
+    auto handles = hook<int (*)()>("cuda_double_live_vmm_handles");
+    const size_t mib = size_t(1) << 20;
+    auto refused_undo = [&]() {
+        void *p = nullptr;
+        inject("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE);
+        inject("cuMemUnmap", CUDA_ERROR_INVALID_VALUE);
+        sp_status_t s = sp_malloc(8 * mib, 0, nullptr, &p);
+        inject("cuMemSetAccess", 0);
+        EXPECT_SP_STATUS(s, SP_ERR_DEVICE);
+        EXPECT_EQ(sp::stat("reserved_bytes.all.current"), 0);
+    };
+    // Still refused at the next growth: the growth takes the page over.
+    refused_undo();
+    void *p = nullptr;
+    ASSERT_SP_OK(sp_malloc(8 * mib, 0, nullptr, &p));
+    inject("cuMemUnmap", 0);
+    sp::touch(p, 8 * mib);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+    // Accepted again by the next growth: the page is unmapped first, then mapped anew.
+    refused_undo();
+    inject("cuMemUnmap", 0);
+    ASSERT_SP_OK(sp_malloc(8 * mib, 0, nullptr, &p));
+    sp::touch(p, 8 * mib);
+    EXPECT_EQ(sp::stat("reserved_bytes.all.current"), int64_t(used(0)));
+    ASSERT_SP_OK(sp_free(p));
+    ASSERT_SP_OK(sp_empty_cache());
+    EXPECT_EQ(used(0), 0u);
+    EXPECT_EQ(handles(), 0);
+}
+
 // A growth's deferred unmaps (RECYCLE's, expandable.c's pend_flush) refused by the driver: the
 // books already count those pages unmapped while the device still maps them. They were forgotten
 // there, so every later growth into them failed ("vmm_map: page 0 is already mapped",

@@ -428,6 +428,10 @@ TEST_F(Collectives, HalfTypesAcrossScratchChunks) {
         ASSERT_EQ(get(t, a.p, i), reference(t, op, n_, i)) << i;
     ASSERT_EQ(get(t, a.p, count - 1), reference(t, op, n_, count - 1));
 
+    // The reduce-scatter's input is n_ chunks and more on every rank: at 8 ranks on two cores its
+    // arithmetic alone took 13 s of CI's plain stage (s45); the chunking is the same at 2 and 4.
+    if (n_ > 4)
+        return;
     t = SP_FLOAT16;
     op = SP_AVG;
     Buf rs(count * 2 * (size_t)n_, dev_);

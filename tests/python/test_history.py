@@ -114,6 +114,28 @@ def test_bad_history_arguments(sp, kw, exc):
         sp.record_memory_history(**kw)
 
 
+@pytest.mark.parametrize("call", [
+    lambda sp, v: sp.record_memory_history("all", global_record_annotations=v),
+    lambda sp, v: sp._record_memory_history("all", global_record_annotations=v),
+    lambda sp, v: sp._record_memory_history("all", compile_context=v),
+    lambda sp, v: sp._record_memory_history(True, record_context=v),
+    lambda sp, v: sp._record_memory_history(True, trace_alloc_record_context=v),
+    lambda sp, v: sp._record_memory_history(True, record_context_cpp=v),
+    lambda sp, v: sp._record_memory_history(True, compile_context=v),
+    lambda sp, v: sp._record_memory_history(True, global_record_annotations=v),
+])
+@pytest.mark.parametrize("value", ["no", [], 0])
+def test_history_flags_are_bools_and_a_refused_one_starts_nothing(sp, call, value):
+    # torch binds these as C++ bools (pybind11 refuses a str or a list); clear_history is checked
+    # here already. "no" was taken as True (every thread's annotations, C frames...) and
+    # recording started; the refusal must come before anything changes.
+    sp.record_memory_history(None)
+    with pytest.raises(TypeError):
+        call(sp, value)
+    sp.free(sp.malloc(4096))
+    assert sp.snapshot()["device_traces"][0] == []
+
+
 def _actions(sp):
     return [e["action"] for e in sp.snapshot()["device_traces"][0]]
 

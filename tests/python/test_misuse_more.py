@@ -241,6 +241,63 @@ def test_fork_child_can_destroy_a_pool_another_thread_routes():
     assert r.stdout.split() == ["0", "1"], r.stdout + r.stderr[-2000:]
 
 
+def test_fork_while_another_thread_is_inside_a_python_segment_allocator():
+    # The allocator's thread let go of the GIL (os.read) inside the callback, under the device
+    # lock; the fork handler waited for that lock while os.fork() held the GIL the callback
+    # needed to return: the parent hung for good. Now the handler leaves the lock to the
+    # callback: the parent goes on, and the child's allocator is off with a clear error.
+    code = textwrap.dedent("""
+        import ctypes, os, signal, threading
+        import sympool
+
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        r, w = os.pipe()
+        inside = threading.Event()
+
+        def alloc(size, device, stream):
+            inside.set()
+            os.read(r, 1)  # the GIL let go; woken by the before-fork hook, needs it back
+            return libc.malloc(size)
+
+        def free(ptr, size, device, stream):
+            libc.free(ctypes.c_void_p(ptr))
+
+        pool = sympool.MemPool(allocator=(alloc, free))
+        # Wakes the callback just before fork(), keeping the GIL (a PyDLL call does not let it
+        # go, as os.write would: the callback could then finish before the fork).
+        pywrite = ctypes.PyDLL(None).write
+        os.register_at_fork(before=lambda: pywrite(w, b"x", 1))
+
+        def work():
+            with sympool.use_mem_pool(pool):
+                sympool.free(sympool.malloc(1 << 20))
+
+        t = threading.Thread(target=work)
+        t.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)
+            try:
+                sympool.malloc(4096)
+                os._exit(3)
+            except sympool.SympoolError as e:
+                os._exit(0 if "segment allocator" in str(e) else 4)
+        t.join()
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        sympool.free(sympool.malloc(4096))  # the parent is unharmed
+        pool.destroy()
+    """)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forking process hung")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0"], r.stdout + r.stderr[-2000:]
+
+
 def test_reload_of_the_library_module_keeps_the_error_classes():
     # importlib.reload(sympool._lib) made new error classes, which the package's names
     # (sympool.SympoolError, sympool.OutOfMemoryError) were not: `except sympool.SympoolError`

@@ -111,3 +111,13 @@ int sp_probe_enter_rebiased_as(void *l, void *rec) {
 int sp_probe_lock_waiting(void *l) {
     return atomic_load_explicit(&((sp_lock_t *)l)->waiting, memory_order_acquire);
 }
+
+static atomic_bool unless_stop;
+
+void sp_probe_unless_stop(int on) {
+    atomic_store_explicit(&unless_stop, on != 0, memory_order_release);
+}
+
+int sp_probe_lock_unless(void *l) {
+    return sp__lock_unless(l, &unless_stop);
+}

@@ -36,6 +36,9 @@ int sp_probe_enter_rebiased_as(void *l, void *rec);
  * (sp_probe_bias_begin pins it at SP_LOCK_STREAK; 0 lets it follow again). */
 int sp_probe_streak_after_barrier(long ns);
 void sp_probe_streak_pin(int takes);
+/* sp__lock_unless(l, stop) with one process-wide stop flag (the fork handler's take) */
+void sp_probe_unless_stop(int on);
+int sp_probe_lock_unless(void *l);
 #ifdef __cplusplus
 }
 #endif

@@ -1202,6 +1202,29 @@ TEST_F(CoreTest, LevelsAndSubsystemMasks) {
     EXPECT_EQ(sp__log_mask, (unsigned)SP_SUB_ALL);
 }
 
+// sp_shutdown ends with sp__options_forget, which marks the level unread (SP_LOG_UNREAD, above
+// every level) so that the next line reads SYMPOOL_DEBUG again. A line on another thread that had
+// read the options just before took that mark for the level and was logged whatever the settings
+// said: WARNs with SYMPOOL_DEBUG=NONE (seen under ThreadSanitizer, calls refused while another
+// thread looped sp_shutdown and sp_init). The mark, as such a thread sees it after its reading,
+// is set here by hand: the line keeps the level in force until the options are read again.
+TEST_F(CoreTest, ALineRacingAShutdownKeepsTheLevelInForce) {
+    Env env({{"SYMPOOL_DEBUG", "NONE"}, {"SYMPOOL_DEBUG_SUBSYS", "^POOL"}});
+    ASSERT_EQ(sp__option_int(SP_OPT_DEBUG), SP_LOG_NONE); // the options read, as the racing line
+    size_t before = n_lines();
+    __atomic_store_n(&sp__log_level, SP_LOG_UNREAD, __ATOMIC_RELAXED); // a concurrent forget's
+    EXPECT_FALSE(sp__log_wanted(SP_LOG_WARN, SP_SUB_INIT));
+    SP_WARN(SP_SUB_INIT, "silent");
+    EXPECT_EQ(n_lines(), before);
+    {
+        Env info({{"SYMPOOL_DEBUG", "INFO"}}); // the mask ^POOL stays
+        __atomic_store_n(&sp__log_level, SP_LOG_UNREAD, __ATOMIC_RELAXED);
+        EXPECT_TRUE(sp__log_wanted(SP_LOG_INFO, SP_SUB_INIT));
+        EXPECT_FALSE(sp__log_wanted(SP_LOG_INFO, SP_SUB_POOL));
+        EXPECT_FALSE(sp__log_wanted(SP_LOG_TRACE, SP_SUB_INIT));
+    }
+}
+
 // The log file is made as fopen(path, "a") makes one, 0666 less the umask (it was 0644, which
 // dropped the group's write bit a umask of 002 grants).
 TEST_F(CoreTest, DebugFileFollowsTheUmask) {

@@ -5,6 +5,7 @@
 // killed when it passes it, so a regression fails the test instead of hanging it.
 #include "sp_test.hpp"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -313,4 +314,94 @@ TEST_F(Fork, ChildDropsTheRoutingsOfThreadsForkDidNotCopy) {
     EXPECT_EQ(sp_mempool_use_count(theirs), 1); // the parent's own counts are untouched
     ASSERT_SP_OK(sp_mempool_destroy(theirs));
     ASSERT_SP_OK(sp_mempool_destroy(mine));
+}
+
+// fork() while another thread is inside a MemPool's segment allocator that waits for something
+// the forking thread holds across the fork (as a Python allocator waits for the GIL, which
+// os.fork() keeps). The prepare handler waited for that device's lock, held by the thread in the
+// callback, for good. It now leaves such a device's lock to its holder: the parent goes on
+// unharmed, and the child, whose allocator was caught mid-growth, refuses every allocator call
+// with SP_ERR_DEVICE saying why. The forking process is itself a child here, so that a hang is
+// bounded and fails the test.
+namespace held_callback {
+pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER; // the forking thread's, across the fork
+pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+bool inside = false, forking = false; // mu
+
+void *alloc(size_t size, int, sp_stream_t, void *) {
+    pthread_mutex_lock(&mu);
+    inside = true;
+    pthread_cond_broadcast(&cv);
+    while (!forking)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_lock(&held); // free again once the fork is done
+    pthread_mutex_unlock(&held);
+    return malloc(size);
+}
+void release(void *p, size_t, int, sp_stream_t, void *) {
+    free(p);
+}
+// Registered after sympool's handlers: the prepare runs before theirs, the others after.
+void prepare() {
+    pthread_mutex_lock(&held);
+    pthread_mutex_lock(&mu);
+    forking = true;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+void after() {
+    pthread_mutex_unlock(&held);
+}
+
+int scenario() {
+    if (pthread_atfork(prepare, after, after) != 0)
+        return 2;
+    sp_allocator_t a = {alloc, release, nullptr};
+    sp_mempool_params_t params;
+    sp_mempool_params_init(&params);
+    params.allocator = &a;
+    params.device = 0;
+    sp_mempool_t *pool = nullptr;
+    if (sp_mempool_create(&params, &pool) != SP_SUCCESS)
+        return 3;
+    sp_status_t grown = SP_ERR_INTERNAL;
+    void *p = nullptr;
+    std::thread t([&] {
+        if (sp_mempool_begin(pool) == SP_SUCCESS) {
+            grown = sp_malloc(1 << 20, 0, nullptr, &p);
+            (void)sp_mempool_end(pool);
+        }
+    });
+    pthread_mutex_lock(&mu);
+    while (!inside)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *q = nullptr;
+        sp_status_t s = sp_malloc(4096, 0, nullptr, &q);
+        _exit(s == SP_ERR_DEVICE && strstr(sp_last_error(), "segment allocator") ? 0 : 10);
+    }
+    int child = pid < 0 ? -2 : wait_bounded(pid, kChildLimit);
+    t.join();
+    if (child != 0)
+        return 20 + (child < 0 ? 0 : child % 50);
+    if (grown != SP_SUCCESS || sp_free(p) != SP_SUCCESS)
+        return 4;
+    void *q = nullptr; // the parent is unharmed
+    if (sp_malloc(4096, 0, nullptr, &q) != SP_SUCCESS || sp_free(q) != SP_SUCCESS)
+        return 5;
+    return sp_mempool_destroy(pool) == SP_SUCCESS ? 0 : 6;
+}
+} // namespace held_callback
+
+TEST_F(Fork, ForkWhileAThreadIsInsideAnAllocatorCallbackDoesNotHang) {
+    SP_SKIP_UNLESS_HOST();
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0)
+        _exit(held_callback::scenario());
+    EXPECT_EQ(wait_bounded(pid, 2 * kChildLimit), 0) << "-1: the forking process hung";
 }

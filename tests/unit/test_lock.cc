@@ -620,4 +620,106 @@ TEST_F(LockRebias, TheStreakFollowsTheBarriersCost) {
     sp_probe_bias_begin();
 }
 
+// sp__lock_unless (the fork handler's take of a device lock): it waits for the holder as
+// sp__lock does, but gives up, holding nothing, once the stop flag (the holder's "inside a user
+// callback") is set; a revocation of a bias under way is undone, the owner still inside.
+TEST(LockUnless, TakesAHeldLockOnceItIsFree) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_unless_stop(0);
+    sp_probe_lock(l);
+    std::atomic<int> got{-1};
+    std::thread w([&] { got.store(sp_probe_lock_unless(l)); });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_waiting(l) == 1; }));
+    EXPECT_EQ(got.load(), -1) << "took a held lock";
+    sp_probe_unlock(l);
+    w.join();
+    EXPECT_EQ(got.load(), 1);
+    EXPECT_EQ(sp_probe_lock_word(l), 1) << "held by the waiter";
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    std::free(l);
+}
+
+TEST(LockUnless, GivesUpAHeldLockOnceStopped) {
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_unless_stop(0);
+    sp_probe_lock(l);
+    std::atomic<int> got{-1};
+    std::thread w([&] { got.store(sp_probe_lock_unless(l)); });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_waiting(l) == 1; }));
+    sp_probe_unless_stop(1);
+    w.join();
+    sp_probe_unless_stop(0);
+    EXPECT_EQ(got.load(), 0);
+    EXPECT_NE(sp_probe_lock_word(l), 0) << "still the holder's";
+    EXPECT_EQ(sp_probe_lock_waiting(l), 0);
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_lock_word(l), 0);
+    std::free(l);
+}
+
+// The owner of the bias is inside: the waiter revokes (the word 1) and waits for it; stopped,
+// it puts the bias back, and the owner leaves and enters again with its plain stores.
+TEST(LockUnless, UndoesARevocationOnceStopped) {
+    if (!sp_probe_bias_begin())
+        GTEST_SKIP() << "no bias here (no membarrier, or another thread owned it)";
+    void *l = sp_probe_lock_new();
+    ASSERT_NE(l, nullptr);
+    sp_probe_bias(l);
+    sp_probe_unless_stop(0);
+    sp_probe_lock(l);
+    ASSERT_EQ(sp_probe_lock_in(l), 1);
+    std::atomic<int> got{-1};
+    std::thread w([&] { got.store(sp_probe_lock_unless(l)); });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; })) << "no revocation";
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    sp_probe_unless_stop(1);
+    w.join();
+    sp_probe_unless_stop(0);
+    EXPECT_EQ(got.load(), 0);
+    EXPECT_EQ(sp_probe_lock_word(l), 2) << "BIASED again";
+    EXPECT_EQ(sp_probe_bias_gone(), 0);
+    EXPECT_EQ(sp_probe_lock_in(l), 1) << "the owner is still inside";
+    sp_probe_unlock(l);
+    EXPECT_EQ(sp_probe_lock_in(l), 0);
+    sp_probe_lock(l);
+    EXPECT_EQ(sp_probe_lock_in(l), 1) << "entered biased";
+    sp_probe_unlock(l);
+    // Not stopped, another thread takes it from the owner that left (revoking for good).
+    std::thread([&] {
+        EXPECT_EQ(sp_probe_lock_unless(l), 1);
+        EXPECT_EQ(sp_probe_lock_word(l), 1);
+        sp_probe_unlock(l);
+    }).join();
+    EXPECT_EQ(sp_probe_bias_gone(), 1);
+    std::free(l);
+}
+
+TEST_F(LockRebias, LockUnlessUndoesARevocationOnceStopped) {
+    std::thread([&] {
+        sp_probe_lock(l);
+        sp_probe_unlock(l);
+    }).join(); // the first bias revoked
+    rebias_to_me(l);
+    ASSERT_EQ(sp_probe_lock_word(l), kRebiased);
+    sp_probe_unless_stop(0);
+    sp_probe_lock(l);
+    ASSERT_EQ(sp_probe_lock_rebiased_in(l), 1);
+    std::atomic<int> got{-1};
+    std::thread w([&] { got.store(sp_probe_lock_unless(l)); });
+    ASSERT_TRUE(wait_for([&] { return sp_probe_lock_word(l) == 1; })) << "no revocation";
+    sp_probe_unless_stop(1);
+    w.join();
+    sp_probe_unless_stop(0);
+    EXPECT_EQ(got.load(), 0);
+    EXPECT_EQ(sp_probe_lock_word(l), kRebiased);
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1) << "the owner is still inside";
+    sp_probe_unlock(l);
+    sp_probe_lock(l);
+    EXPECT_EQ(sp_probe_lock_rebiased_in(l), 1) << "entered re-biased";
+    sp_probe_unlock(l);
+}
+
 } // namespace

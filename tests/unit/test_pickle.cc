@@ -1234,6 +1234,73 @@ TEST(PickleRead, MemoDenserThanItsFirstSizeGrowsAndKeepsEveryValue) {
     pk_free(doc);
 }
 
+// Lists that grow batch by batch, taking turns: two past the size of an item array with a chunk
+// of its own (grown in it, or moved when another took its place), one growing an item at a
+// time in the shared chunk and past it, with small lists made between their batches. Every
+// reader finds every item where it was written.
+TEST(PickleRead, ListsGrownInTurnsKeepEveryItem) {
+    const int rounds = 12;
+    Bytes b = {0x80, 2, ']', 'q', 0, '(', ']', 'q', 1, ']', 'q', 2, ']', 'q', 3};
+    auto int4 = [&b](uint32_t v) {
+        b.push_back('J');
+        for (int k = 0; k < 4; k++)
+            b.push_back((unsigned char)(v >> (8 * k)));
+    };
+    auto batch = [&](unsigned char list, int n, uint32_t first) {
+        b.insert(b.end(), {'h', list, '('});
+        for (int i = 0; i < n; i++)
+            int4(first + (uint32_t)i);
+        b.insert(b.end(), {'e', '0'});
+    };
+    for (int r = 0; r < rounds; r++) {
+        batch(1, 1000, (uint32_t)r * 1000);
+        batch(2, 700, 1000000 + (uint32_t)r * 700);
+        for (int i = 0; i < 300; i++) { // list 3: an int, then a small list of 3 ints
+            b.insert(b.end(), {'h', 3});
+            int4(2000000 + (uint32_t)(r * 300 + i));
+            b.push_back('a');
+            b.insert(b.end(), {']', '('});
+            for (int k = 0; k < 3; k++)
+                int4((uint32_t)(r * 300 + i) * 3 + (uint32_t)k);
+            b.insert(b.end(), {'e', 'a', '0'});
+        }
+    }
+    b.insert(b.end(), {'e', '.'});
+    auto refuse = [](void *, pk_value_t *const *, size_t, uint64_t *) { return 0; };
+    for (int reader = 0; reader < 3; reader++) {
+        SCOPED_TRACE(reader);
+        pk_doc_t *doc = nullptr;
+        char err[256] = "";
+        bool ok = reader == 0 ? pk_parse(b.data(), b.size(), nullptr, &doc, err, sizeof err)
+                  : reader == 1
+                      ? pk_parse_skip(b.data(), b.size(), nullptr, "frames", &doc, err, sizeof err)
+                      : pk_parse_records(b.data(), b.size(), nullptr, "frames", refuse, nullptr,
+                                         &doc, err, sizeof err);
+        ASSERT_TRUE(ok) << err;
+        const pk_value_t *root = pk_root(doc);
+        ASSERT_EQ(pk_len(root), 3u);
+        const pk_value_t *a = pk_at(root, 0), *c = pk_at(root, 1), *d = pk_at(root, 2);
+        ASSERT_EQ(pk_len(a), (size_t)rounds * 1000);
+        ASSERT_EQ(pk_len(c), (size_t)rounds * 700);
+        ASSERT_EQ(pk_len(d), (size_t)rounds * 600);
+        size_t wrong = 0;
+        int64_t v = -1;
+        for (size_t i = 0; i < pk_len(a); i++)
+            wrong += !pk_int(pk_at(a, i), &v) || v != (int64_t)i;
+        for (size_t i = 0; i < pk_len(c); i++)
+            wrong += !pk_int(pk_at(c, i), &v) || v != 1000000 + (int64_t)i;
+        for (size_t i = 0; i < pk_len(d) / 2; i++) {
+            wrong += !pk_int(pk_at(d, 2 * i), &v) || v != 2000000 + (int64_t)i;
+            const pk_value_t *small = pk_at(d, 2 * i + 1);
+            wrong += pk_len(small) != 3;
+            for (size_t k = 0; k < 3 && pk_len(small) == 3; k++)
+                wrong += !pk_int(pk_at(small, k), &v) || v != (int64_t)(3 * i + k);
+        }
+        EXPECT_EQ(wrong, 0u);
+        pk_free(doc);
+    }
+}
+
 // A dict with more ints than the record hook's scratch holds at once (999 pairs, the largest
 // batch the hook is offered, nested in another dict whose ints are still waiting): the ints past
 // it are made in the document instead, and the hook and the document read every one as written.
