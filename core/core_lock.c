@@ -197,21 +197,41 @@ static bool owner_inside(sp_lock_t *l, sp_lock_rec_t *r) {
     return atomic_load_explicit(&r->in, memory_order_acquire) == (uintptr_t)l;
 }
 
+/* Whether *stop (NULL: never) says to give up a wait (sp__lock_unless). */
+static bool stopped(const atomic_bool *stop) {
+    return stop != NULL && atomic_load_explicit(stop, memory_order_acquire);
+}
+
 /* Wait until the owner is out: spin, then sleep in bounded naps (the owner's unlock is a plain
  * store that wakes nobody; a revocation is rare). r: the re-bias owner's record, NULL for the
- * first bias. */
-static void wait_owner_out(sp_lock_t *l, sp_lock_rec_t *r) {
+ * first bias. false: *stop turned nonzero first, the owner still inside. */
+static bool wait_owner_out(sp_lock_t *l, sp_lock_rec_t *r, const atomic_bool *stop) {
     for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
         if (!owner_inside(l, r))
-            return;
+            return true;
         for (int k = 0; k < wait; k++)
             cpu_relax();
         wait = wait < SPIN_WAIT_MAX ? 2 * wait : wait;
     }
     while (owner_inside(l, r)) {
+        if (stopped(stop))
+            return false;
         struct timespec bound = {0, SP_LOCK_SLEEP_NS};
         nanosleep(&bound, NULL);
     }
+    return true;
+}
+
+/* A revocation that must not wait any longer undone (the word is 1, this thread's since its
+ * CAS, and the owner is still inside): the word back to `biased`, with the same owner, which
+ * leaves as it entered (its exit writes only its `in`, or its record's); the process's count of
+ * unbiased locks as it was; a thread that went to sleep on the held word woken to look again. */
+static void revoke_undo(sp_lock_t *l, int biased) {
+    atomic_store_explicit(&l->v, biased, memory_order_release);
+    bias_back();
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
+        sp__unlock_wake(l);
 }
 
 /* The holder of the word (1) counts its streak from this take on (a revoker's take is its
@@ -234,26 +254,30 @@ static void enter_rebiased(sp_lock_t *l, sp_lock_rec_t *r) {
 /* A thread that is not the owner found the word BIASED: take it (1). With no owner yet nobody can
  * be inside, so the taker becomes the owner and enters biased (a thread that waited meanwhile is
  * woken: it will find the word BIASED and revoke). Otherwise it revokes the bias: the barrier,
- * then a wait for the owner to be out. false: the word changed first (another taker, or the
- * owner's own unbias); look again. */
-static bool take_biased_from_other(sp_lock_t *l) {
+ * then a wait for the owner to be out. 1: taken; 0: the word changed first (another taker, or
+ * the owner's own unbias), look again; -1: *stop (NULL: never) turned nonzero while the owner
+ * was inside, the revocation undone, nothing held. */
+static int take_biased_from_other(sp_lock_t *l, const atomic_bool *stop) {
     int c = SP_LOCK_BIASED;
     if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
                                                  memory_order_relaxed))
-        return false;
+        return 0;
     if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
         __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
         atomic_store_explicit(&l->in, 1, memory_order_relaxed);
         (void)atomic_exchange_explicit(&l->v, SP_LOCK_BIASED, memory_order_seq_cst);
         if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
             sp__unlock_wake(l);
-        return true;
+        return 1;
     }
     bias_lost();
     barrier_everywhere();
-    wait_owner_out(l, NULL);
+    if (!wait_owner_out(l, NULL, stop)) {
+        revoke_undo(l, SP_LOCK_BIASED);
+        return -1;
+    }
     streak_begins(l);
-    return true;
+    return 1;
 }
 
 /* The owner of a first bias, not inside (the lock's `in` is 0): the word from BIASED to 1 with
@@ -290,21 +314,21 @@ bool sp__lock_owner_take_slow(sp_lock_t *l) {
 
 /* The word said BIASED in sp__lock_slow: the owner enters (or unbiases); another thread becomes
  * the owner of a lock nobody owns yet, or revokes. */
-static bool take_from_bias(sp_lock_t *l) {
-    return sp__lock_mine(l) ? sp__lock_owner_take(l) : take_biased_from_other(l);
+static int take_from_bias(sp_lock_t *l, const atomic_bool *stop) {
+    return sp__lock_mine(l) ? sp__lock_owner_take(l) : take_biased_from_other(l, stop);
 }
 
 /* The word said REBIASED in sp__lock_slow. The owner enters, unless the process's bias is gone
  * (it unbiases: an ordinary lock from now on) or it holds another re-biased lock (it takes this
  * one as 1 and gives it back REBIASED at the unlock: shutdown and the fork handler take every
  * device lock). Another thread revokes: the word to 1, the barrier, a wait for the owner's record
- * to let go of the lock. false: the word changed first; look again. */
-static bool take_from_rebias(sp_lock_t *l) {
+ * to let go of the lock. As take_biased_from_other: 1, 0 or -1 (stopped, only while revoking). */
+static int take_from_rebias(sp_lock_t *l, const atomic_bool *stop) {
     sp_lock_rec_t *r = sp__lock_rec_mine(l);
     if (r && !bias_gone() && atomic_load_explicit(&r->in, memory_order_relaxed) == 0)
         return sp__lock_take_rebiased(l);
     if (!cas_from(l, SP_LOCK_REBIASED))
-        return false;
+        return 0;
     if (r) { /* the owner, not inside: no barrier */
         if (bias_gone()) {
             bias_lost();
@@ -314,13 +338,16 @@ static bool take_from_rebias(sp_lock_t *l) {
             l->streak_thread = SP_LOCK_STREAK_ME();
             l->countdown = 1; /* this take's unlock ends the streak: sp__lock_rebias restores */
         }
-        return true;
+        return 1;
     }
     bias_lost();
     barrier_everywhere();
-    wait_owner_out(l, __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED));
+    if (!wait_owner_out(l, __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED), stop)) {
+        revoke_undo(l, SP_LOCK_REBIASED);
+        return -1;
+    }
     streak_begins(l);
-    return true;
+    return 1;
 }
 
 bool sp__lock_rebias(sp_lock_t *l) {
@@ -373,9 +400,9 @@ static void lock_slow(sp_lock_t *l) {
          * pause, 80-86 with this; bench_alloc_scale's case threads, 2026-11-28). */
         for (int spent = 0, wait = 1; spent < SPIN_PAUSES; spent += wait) {
             int c = atomic_load_explicit(&l->v, memory_order_relaxed);
-            if (c == SP_LOCK_BIASED && take_from_bias(l))
+            if (c == SP_LOCK_BIASED && take_from_bias(l, NULL) > 0)
                 return;
-            if (c == SP_LOCK_REBIASED && take_from_rebias(l))
+            if (c == SP_LOCK_REBIASED && take_from_rebias(l, NULL) > 0)
                 return;
             if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire,
                                                                 memory_order_relaxed))
@@ -401,53 +428,6 @@ static void lock_slow(sp_lock_t *l) {
 
 /* ---- a take that gives up (sp__lock_unless) ----------------------------------------------- */
 
-/* A revocation that must not wait any longer undone (the word is 1, this thread's since its
- * CAS, and the owner is still inside): the word back to `biased`, with the same owner, which
- * leaves as it entered (its exit writes only its `in`, or its record's); the process's count of
- * unbiased locks as it was; a thread that went to sleep on the held word woken to look again. */
-static void revoke_undo(sp_lock_t *l, int biased) {
-    atomic_store_explicit(&l->v, biased, memory_order_release);
-    bias_back();
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
-        sp__unlock_wake(l);
-}
-
-/* A lock biased (`c`: BIASED or REBIASED) to another thread, taken by revoking the bias unless
- * *stop turns nonzero while its owner is still inside. 1: taken; 0: the word changed first (look
- * again); -1: stopped (the revocation undone, nothing held). */
-static int revoke_unless(sp_lock_t *l, int c, const atomic_bool *stop) {
-    int biased = c;
-    if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
-                                                 memory_order_relaxed))
-        return 0;
-    sp_lock_rec_t *r = NULL;
-    if (biased == SP_LOCK_REBIASED) {
-        r = __atomic_load_n(&l->rec_owner, __ATOMIC_RELAXED);
-    } else if (__atomic_load_n(&l->owner, __ATOMIC_RELAXED) == 0) {
-        /* Nobody owns it yet, so nobody is inside: as take_biased_from_other. */
-        __atomic_store_n(&l->owner, SP_LOCK_ME(), __ATOMIC_RELAXED);
-        atomic_store_explicit(&l->in, 1, memory_order_relaxed);
-        (void)atomic_exchange_explicit(&l->v, SP_LOCK_BIASED, memory_order_seq_cst);
-        if (atomic_load_explicit(&l->sleepers, memory_order_relaxed) != 0)
-            sp__unlock_wake(l);
-        return 1;
-    }
-    bias_lost();
-    barrier_everywhere();
-    for (long nap = 1000; owner_inside(l, r);) {
-        if (atomic_load_explicit(stop, memory_order_acquire)) {
-            revoke_undo(l, biased);
-            return -1;
-        }
-        struct timespec bound = {0, nap};
-        nanosleep(&bound, NULL);
-        nap = nap < SP_LOCK_SLEEP_NS / 2 ? 2 * nap : SP_LOCK_SLEEP_NS;
-    }
-    streak_begins(l);
-    return 1;
-}
-
 static bool lock_unless(sp_lock_t *l, const atomic_bool *stop);
 
 /* Counted in `waiting` while here, as sp__lock_slow. */
@@ -462,27 +442,20 @@ static bool lock_unless(sp_lock_t *l, const atomic_bool *stop) {
     for (long nap = 1000;; nap = nap < SP_LOCK_SLEEP_NS / 2 ? 2 * nap : SP_LOCK_SLEEP_NS) {
         if (sp__lock_try(l))
             return true;
-        int c = atomic_load_explicit(&l->v, memory_order_relaxed);
-        /* The calling thread's own bias: its entries never wait for another thread. */
-        if (c == SP_LOCK_BIASED && sp__lock_mine(l)) {
-            if (sp__lock_owner_take(l))
-                return true;
-            continue;
-        }
-        if (c == SP_LOCK_REBIASED && sp__lock_rec_mine(l)) {
-            if (take_from_rebias(l))
-                return true;
-            continue;
-        }
-        if (c == SP_LOCK_BIASED || c == SP_LOCK_REBIASED) {
-            int got = revoke_unless(l, c, stop);
-            if (got != 0)
-                return got > 0;
-            continue;
-        }
+        int c = atomic_load_explicit(&l->v, memory_order_relaxed), got = 0;
+        /* Biased: the owner enters (its entries never wait for another thread); another thread
+         * revokes, unless stopped while the owner is inside. */
+        if (c == SP_LOCK_BIASED)
+            got = take_from_bias(l, stop);
+        else if (c == SP_LOCK_REBIASED)
+            got = take_from_rebias(l, stop);
+        if (got != 0)
+            return got > 0;
+        if (c == SP_LOCK_BIASED || c == SP_LOCK_REBIASED)
+            continue; /* the word changed first: look again */
         /* Held as 1 by another thread: look again after a nap (the holder's unlock wakes only
          * the sleepers it counts; this thread is not one, so the nap bounds its wait). */
-        if (atomic_load_explicit(stop, memory_order_acquire))
+        if (stopped(stop))
             return false;
         struct timespec bound = {0, nap};
         nanosleep(&bound, NULL);
